@@ -1,0 +1,7 @@
+"""Drafters propose tokens for the target to verify. See `base.Drafter` for the protocol."""
+
+from .base import Draft, Drafter
+from .model import ModelDrafter, TorchDrafter
+from .ngram import NgramDrafter
+
+__all__ = ["Draft", "Drafter", "ModelDrafter", "NgramDrafter", "TorchDrafter"]

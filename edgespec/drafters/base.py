@@ -1,0 +1,41 @@
+"""The drafter protocol: `begin`, `propose`, `commit`.
+
+A drafter owns its own state (a KV cache, a token history) and its own device. It returns only new tokens.
+It never sees the target's distributions; the engine tells it what was accepted through `commit`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from ..sampling import SamplingParams
+
+
+@dataclass
+class Draft:
+    """Proposed tokens. `p_draft` is [len(tokens), V] float32 when the tokens were sampled from a
+    distribution; None when the proposal is deterministic (greedy, or a lookup), which the sampling rule
+    treats as a one-hot distribution on each token."""
+
+    tokens: list[int]
+    p_draft: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Drafter(Protocol):
+    name: str
+    description: str
+
+    def begin(self, prompt_ids: list[int]) -> None:
+        """Start a new request whose context is `prompt_ids`."""
+
+    def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
+        """Propose up to `k` tokens continuing the committed context (fewer, even none, is allowed)."""
+
+    def commit(self, n_accepted: int, next_token: int) -> None:
+        """The first `n_accepted` proposed tokens were kept, then the target added `next_token`."""

@@ -1,0 +1,175 @@
+"""The speculative decoding loop: the only place that orders draft, verify and rollback.
+
+Each round: K from the policy, K drafts from the drafter, ONE target pass over the K+1 positions (the last
+committed token plus the drafts, so the bonus token comes free), the rule from `edgespec.verify`, then both
+caches roll back to the accepted length. `generate` yields one `Step` per round.
+
+The engine knows token ids only: no tokenizer, no chat template, no text. Stop strings are checked by a
+callback from outside. With K = 0 (or no drafter) the same loop is plain decoding, token for token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from .drafters.base import Draft, Drafter
+from .errors import EdgespecError
+from .metrics import SpecMetrics
+from .policy import MAX_K, FixedK, KPolicy
+from .sampling import SamplingParams, probs_from_logits
+from .target import Target
+from .verify import Verdict, verify_greedy, verify_sampling
+
+STOP_EOS = "eos"
+STOP_LENGTH = "length"
+STOP_STRING = "stop"
+STOP_CONTEXT = "context"
+
+
+@dataclass
+class Step:
+    """One round. `tokens` is what this round emits (drafts kept, then the target's token), already cut at
+    EOS / max_new_tokens; its first `n_from_draft` tokens came from the drafter."""
+
+    tokens: list[int]
+    n_from_draft: int
+    k: int  # K the policy asked for
+    n_drafted: int  # tokens the drafter actually proposed (it may propose fewer than K)
+    n_accepted: int  # drafts the rule accepted (before any cut at EOS / max_new_tokens)
+    draft_ms: float
+    verify_ms: float
+    prefill_ms: float = 0.0  # only on the first step of a request
+    elapsed_s: float = 0.0  # since generate() was called
+    stop_reason: str | None = None
+
+
+@dataclass
+class Generation:
+    """Everything a finished request produced, for callers that don't stream."""
+
+    token_ids: list[int] = field(default_factory=list)
+    stop_reason: str | None = None
+    metrics: SpecMetrics = field(default_factory=SpecMetrics)
+
+
+class SpeculativeEngine:
+    def __init__(self, target: Target, drafter: Drafter | None = None, *, eos_token_ids: Iterable[int] = ()):
+        self.target = target
+        self.drafter = drafter
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        draft_vocab = getattr(drafter, "vocab_size", None)
+        if draft_vocab is not None and draft_vocab != target.vocab_size:
+            raise EdgespecError(
+                f"draft and target vocabularies differ (draft {draft_vocab} tokens, target {target.vocab_size}); "
+                "use a draft model from the same family with the same tokenizer, or --draft ngram"
+            )
+
+    def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        params: SamplingParams = SamplingParams(),
+        max_new_tokens: int = 256,
+        policy: KPolicy | None = None,
+        stop: Callable[[list[int]], bool] | None = None,
+    ) -> Iterator[Step]:
+        """Yield one `Step` per round until EOS, `max_new_tokens`, `stop(generated_ids)` or the context end."""
+        target, drafter = self.target, self.drafter
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise EdgespecError("the prompt is empty; give at least one token of prompt text")
+        if len(prompt_ids) >= target.max_context:
+            raise EdgespecError(
+                f"the prompt has {len(prompt_ids)} tokens but the model's context holds {target.max_context}; "
+                "shorten the prompt (or the chat history)"
+            )
+        if max_new_tokens < 1:
+            raise EdgespecError(f"max_new_tokens={max_new_tokens} must be at least 1")
+        policy = policy or FixedK(0)
+        seed = params.seed if params.seed is not None else int(torch.seed() % 2**62)
+        # Two generators: the rule's draws never depend on how many numbers the drafter consumed.
+        verify_rng = torch.Generator().manual_seed(seed)
+        draft_rng = torch.Generator().manual_seed(seed + 1)
+
+        start = time.perf_counter()
+        target.prefill(prompt_ids[:-1])
+        if drafter is not None:
+            drafter.begin(prompt_ids)
+        prefill_ms = (time.perf_counter() - start) * 1000
+
+        seq = list(prompt_ids)
+        generated: list[int] = []
+        while True:
+            remaining = max_new_tokens - len(generated)
+            room = target.max_context - len(seq)
+            # A round emits at most K+1 tokens and grows the target cache to len(seq)+K: stay inside both.
+            k = min(policy.next_k(), MAX_K, remaining - 1, room - 1) if drafter is not None else 0
+            k = max(k, 0)
+
+            t0 = time.perf_counter()
+            draft = drafter.propose(k, params, draft_rng) if k > 0 else Draft([])
+            t1 = time.perf_counter()
+            logits = target.verify([seq[-1], *draft.tokens])
+            verdict = self._judge(draft, logits, params, verify_rng)
+            target.rollback(len(seq) + verdict.n_accepted)
+            if drafter is not None:
+                drafter.commit(verdict.n_accepted, verdict.next_token)
+            t2 = time.perf_counter()
+
+            emitted = [*draft.tokens[: verdict.n_accepted], verdict.next_token]
+            reason = None
+            for i, token in enumerate(emitted):
+                if token in self.eos_token_ids:
+                    emitted, reason = emitted[: i + 1], STOP_EOS
+                    break
+            if len(generated) + len(emitted) >= max_new_tokens:
+                emitted = emitted[:remaining]
+                reason = reason or STOP_LENGTH
+            seq.extend(emitted)
+            generated.extend(emitted)
+            if reason is None and len(seq) >= target.max_context:
+                reason = STOP_CONTEXT
+            if reason is None and stop is not None and stop(generated):
+                reason = STOP_STRING
+            policy.observe(k, len(draft), verdict.n_accepted, t1 - t0, t2 - t1)
+            yield Step(
+                tokens=emitted,
+                n_from_draft=min(verdict.n_accepted, len(emitted)),
+                k=k,
+                n_drafted=len(draft),
+                n_accepted=verdict.n_accepted,
+                draft_ms=(t1 - t0) * 1000,
+                verify_ms=(t2 - t1) * 1000,
+                prefill_ms=prefill_ms,
+                elapsed_s=time.perf_counter() - start,
+                stop_reason=reason,
+            )
+            prefill_ms = 0.0
+            if reason is not None:
+                return
+
+    def run(self, prompt_ids: list[int], **kwargs) -> Generation:
+        """Generate to the end and return the ids, the stop reason and the metrics."""
+        result = Generation()
+        for step in self.generate(prompt_ids, **kwargs):
+            result.token_ids.extend(step.tokens)
+            result.metrics.add(step)
+            result.stop_reason = step.stop_reason
+        return result
+
+    @staticmethod
+    def _judge(draft: Draft, logits: torch.Tensor, params: SamplingParams, rng: torch.Generator) -> Verdict:
+        if params.greedy:
+            return verify_greedy(draft.tokens, logits)
+        p_target = probs_from_logits(logits, params)
+        if draft.p_draft is not None:
+            p_draft = draft.p_draft
+        else:  # a deterministic proposal is a one-hot distribution
+            p_draft = torch.nn.functional.one_hot(
+                torch.tensor(draft.tokens, dtype=torch.long), p_target.shape[-1]
+            ).float()
+        return verify_sampling(draft.tokens, p_draft, p_target, rng)

@@ -1,0 +1,92 @@
+"""Counters for a generation, named like vLLM's speculative-decoding metrics.
+
+`SpecMetrics` is filled from the engine's `Step`s and returned as data (`to_dict`); it prints nothing.
+acceptance_rate = num_accepted_tokens / num_draft_tokens; tau = emitted tokens / target forward passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecMetrics:
+    num_drafts: int = 0  # rounds in which at least one token was drafted
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)  # [i]: drafts accepted at position i
+    drafted_per_position: list[int] = field(default_factory=list)  # [i]: drafts proposed at position i
+    num_target_forwards: int = 0  # verification passes, prefill excluded
+    num_emitted_tokens: int = 0
+    num_emitted_from_draft: int = 0
+    prefill_ms: float = 0.0
+    draft_ms: float = 0.0
+    verify_ms: float = 0.0
+    wall_s: float = 0.0
+    k_per_round: list[int] = field(default_factory=list)
+
+    def add(self, step) -> None:
+        """Account for one engine `Step`."""
+        self.k_per_round.append(step.k)
+        self.num_target_forwards += 1
+        if step.n_drafted:
+            self.num_drafts += 1
+            self.num_draft_tokens += step.n_drafted
+            self.num_accepted_tokens += step.n_accepted
+            while len(self.drafted_per_position) < step.n_drafted:
+                self.drafted_per_position.append(0)
+                self.accepted_per_position.append(0)
+            for i in range(step.n_drafted):
+                self.drafted_per_position[i] += 1
+            for i in range(step.n_accepted):
+                self.accepted_per_position[i] += 1
+        self.num_emitted_tokens += len(step.tokens)
+        self.num_emitted_from_draft += step.n_from_draft
+        self.prefill_ms += step.prefill_ms
+        self.draft_ms += step.draft_ms
+        self.verify_ms += step.verify_ms
+        self.wall_s = step.elapsed_s
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def tau(self) -> float:
+        return self.num_emitted_tokens / self.num_target_forwards if self.num_target_forwards else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Emitted tokens over the wall time of the whole request, prefill included."""
+        return self.num_emitted_tokens / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Emitted tokens over the time after prefill (what a user sees while text streams)."""
+        decode_s = self.wall_s - self.prefill_ms / 1000
+        return self.num_emitted_tokens / decode_s if decode_s > 0 else 0.0
+
+    def acceptance_per_position(self) -> list[float]:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    def to_dict(self) -> dict:
+        return {
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "accepted_per_position": list(self.accepted_per_position),
+            "drafted_per_position": list(self.drafted_per_position),
+            "acceptance_rate": self.acceptance_rate,
+            "acceptance_per_position": self.acceptance_per_position(),
+            "tau": self.tau,
+            "tokens_per_s": self.tokens_per_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "num_emitted_tokens": self.num_emitted_tokens,
+            "num_emitted_from_draft": self.num_emitted_from_draft,
+            "num_target_forwards": self.num_target_forwards,
+            "prefill_ms": self.prefill_ms,
+            "draft_ms": self.draft_ms,
+            "verify_ms": self.verify_ms,
+            "wall_s": self.wall_s,
+            "k_per_round": list(self.k_per_round),
+        }

@@ -1,0 +1,26 @@
+"""Where edgespec keeps files outside the repository.
+
+Converted and downloaded models live in the user cache dir (platformdirs), never in the repo.
+`EDGESPEC_CACHE` overrides it (tests point it at a temp dir; CI keeps one between test runs).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import platformdirs
+
+
+def cache_dir() -> Path:
+    """The root of edgespec's cache; created on first use."""
+    root = Path(os.environ.get("EDGESPEC_CACHE") or platformdirs.user_cache_dir("edgespec"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def data_dir() -> Path:
+    """The user data dir (chat history and the like); `EDGESPEC_DATA` overrides it."""
+    root = Path(os.environ.get("EDGESPEC_DATA") or platformdirs.user_data_dir("edgespec"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root

@@ -1,0 +1,86 @@
+"""The accept/reject rules of speculative decoding, as pure functions.
+
+Given K drafted tokens and the target's K+1 next-token distributions (one per drafted position plus the
+bonus position), each rule returns how many drafts to accept and the one token the target adds. They never
+touch a model or a cache, and every random draw comes from the `torch.Generator` passed in, in a fixed order
+(one uniform per examined draft, then one categorical draw), so a seeded run is reproducible whatever the
+timing around it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """`n_accepted` drafts are kept, then `next_token` (the correction, or the bonus when all K pass)."""
+
+    n_accepted: int
+    next_token: int
+
+
+def verify_greedy(draft_tokens: list[int], target_logits: torch.Tensor) -> Verdict:
+    """Accept the longest prefix that equals the target's argmax; then add the target's own argmax.
+
+    `target_logits` is [K+1, V]: row i is the target's prediction for draft position i, row K the bonus.
+    """
+    k = len(draft_tokens)
+    if target_logits.shape[0] != k + 1:
+        raise ValueError(f"need {k + 1} target rows for {k} drafts, got {target_logits.shape[0]}")
+    choice = target_logits.argmax(-1).tolist()
+    n = 0
+    while n < k and draft_tokens[n] == choice[n]:
+        n += 1
+    return Verdict(n, choice[n])
+
+
+def verify_sampling(
+    draft_tokens: list[int],
+    p_draft: torch.Tensor,
+    p_target: torch.Tensor,
+    generator: torch.Generator,
+) -> Verdict:
+    """Leviathan/Chen speculative sampling: the emitted tokens are distributed exactly as the target's.
+
+    Draft x at position i is accepted with probability min(1, p_target[i, x] / p_draft[i, x]); at the first
+    rejection the correction is drawn from the normalised residual max(0, p_target[i] - p_draft[i]); when all K
+    pass, the bonus is drawn from p_target[K]. `p_draft` is [K, V], `p_target` is [K+1, V]; both are computed in
+    float64 here so a ratio near 1 is not rounded the wrong way.
+    """
+    k = len(draft_tokens)
+    if p_target.shape[0] != k + 1 or p_draft.shape[0] != k:
+        raise ValueError(f"need {k} draft rows and {k + 1} target rows, got {p_draft.shape[0]} and {p_target.shape[0]}")
+    p_target = p_target.double()
+    p_draft = p_draft.double()
+    for i, x in enumerate(draft_tokens):
+        u = torch.rand((), generator=generator, dtype=torch.float64).item()
+        if u < acceptance_probability(p_target[i, x].item(), p_draft[i, x].item()):
+            continue
+        return Verdict(i, _draw(residual_distribution(p_target[i], p_draft[i]), generator))
+    return Verdict(k, _draw(p_target[k], generator))
+
+
+def acceptance_probability(p_target_x: float, p_draft_x: float) -> float:
+    """min(1, p_target(x) / p_draft(x)). A token the draft gave zero mass but the target did not is accepted
+    (the ratio is infinite); a token both give zero mass is rejected."""
+    if p_draft_x <= 0:
+        return 1.0 if p_target_x > 0 else 0.0
+    return min(1.0, p_target_x / p_draft_x)
+
+
+def residual_distribution(p_target: torch.Tensor, p_draft: torch.Tensor) -> torch.Tensor:
+    """normalise(max(0, p_target - p_draft)), the distribution to correct from after a rejection.
+
+    A residual of (numerically) zero mass means p_target <= p_draft everywhere, i.e. the two are equal and a
+    rejection had probability ~0; p_target itself is then the right distribution.
+    """
+    residual = (p_target - p_draft).clamp_min(0)
+    mass = residual.sum()
+    return residual / mass if mass > 1e-12 else p_target
+
+
+def _draw(dist: torch.Tensor, generator: torch.Generator) -> int:
+    return int(torch.multinomial(dist, 1, generator=generator).item())

@@ -1,0 +1,124 @@
+"""`edgespec generate` end to end on tiny checkpoints, and its one-line errors."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from edgespec.cli import main
+
+
+def run_cli(*args):
+    """The CLI in a subprocess, as a user runs it: exit code, stdout, stderr."""
+    proc = subprocess.run([sys.executable, "-m", "edgespec", *args], capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def generate_json(capsys, *args):
+    assert main(["generate", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_interface_and_greedy_equivalence(tiny_checkpoints, capsys):
+    t, d = str(tiny_checkpoints["target"]), str(tiny_checkpoints["draft"])
+    base = ["--target", t, "--prompt", "hello world", "--max-new-tokens", "24"]
+    plain = generate_json(capsys, *base, "--no-spec")
+    assert plain["metrics"]["num_drafts"] == 0 and len(plain["token_ids"]) <= 24
+    for draft in (d, "ngram"):
+        spec = generate_json(capsys, *base, "--draft", draft, "--k", "3")
+        assert spec["token_ids"] == plain["token_ids"]
+        assert spec["text"] == plain["text"]
+        m = spec["metrics"]
+        for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens", "accepted_per_position",
+                    "acceptance_rate", "tau", "tokens_per_s", "draft_ms", "verify_ms", "k_per_round"):
+            assert key in m
+        assert spec["stop_reason"] in ("eos", "length")
+
+
+def test_chat_template_and_sampling_seed(tiny_checkpoints, capsys):
+    t = str(tiny_checkpoints["target"])
+    args = ["--target", t, "--prompt", "hi", "--chat", "--temperature", "0.8", "--top-p", "0.9", "--seed", "7",
+            "--max-new-tokens", "12", "--draft", str(tiny_checkpoints["draft"])]
+    a = generate_json(capsys, *args)
+    b = generate_json(capsys, *args)
+    assert a["token_ids"] == b["token_ids"]  # a seed makes sampling reproducible
+    assert a["prompt_tokens"] > len("hi")  # the template added role markers
+
+
+def test_streaming_text_matches_json(tiny_checkpoints):
+    t = str(tiny_checkpoints["target"])
+    code, out, err = run_cli("generate", "--target", t, "--prompt", "abc abc", "--max-new-tokens", "16")
+    assert code == 0, err
+    code, js, _ = run_cli("generate", "--target", t, "--prompt", "abc abc", "--max-new-tokens", "16", "--json")
+    assert out.rstrip("\n") == json.loads(js)["text"]
+    assert "tok/s" in err
+
+
+def test_stop_string_cuts_text(tiny_checkpoints, capsys):
+    t = str(tiny_checkpoints["target"])
+    full = generate_json(capsys, "--target", t, "--prompt", "the cat", "--max-new-tokens", "30")["text"]
+    assert len(full) > 4
+    stop = full[3:5]
+    cut = generate_json(capsys, "--target", t, "--prompt", "the cat", "--max-new-tokens", "30", "--stop", stop)
+    assert cut["stop_reason"] == "stop"
+    assert cut["text"] == full[: full.find(stop)]
+
+
+def one_line_error(code, err, *needles):
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("edgespec: error:")
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+def test_error_vocab_mismatch(tiny_checkpoints):
+    code, _, err = run_cli("generate", "--target", str(tiny_checkpoints["target"]),
+                           "--draft", str(tiny_checkpoints["other_vocab"]), "--prompt", "x")
+    one_line_error(code, err, "96", "128")
+
+
+def test_error_missing_path(tmp_path):
+    code, _, err = run_cli("generate", "--target", str(tmp_path / "nope"), "--prompt", "x")
+    one_line_error(code, err, "does not exist")
+
+
+def test_error_not_decoder_only(tmp_path):
+    from transformers import T5Config
+
+    T5Config(vocab_size=64, d_model=16, d_ff=32, num_layers=1, num_heads=2).save_pretrained(tmp_path)
+    code, _, err = run_cli("generate", "--target", str(tmp_path), "--prompt", "x")
+    one_line_error(code, err, "decoder-only")
+
+
+def test_error_prompt_longer_than_context(tiny_checkpoints):
+    code, _, err = run_cli("generate", "--target", str(tiny_checkpoints["target"]), "--prompt", "a" * 400)
+    one_line_error(code, err, "context")
+
+
+@pytest.mark.parametrize("k", ["-1", "99"])
+def test_error_bad_k(tiny_checkpoints, k):
+    code, _, err = run_cli("generate", "--target", str(tiny_checkpoints["target"]), "--prompt", "x", "--k", k)
+    one_line_error(code, err, "K=")
+
+
+def test_error_cuda_missing(tiny_checkpoints):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    code, _, err = run_cli("generate", "--target", str(tiny_checkpoints["target"]), "--prompt", "x", "--device", "cuda")
+    one_line_error(code, err, "CUDA", "cpu")
+
+
+def test_error_corrupt_weights(tiny_checkpoints, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_checkpoints["target"], broken)
+    (broken / "model.safetensors").write_bytes(b"not a safetensors file")
+    code, _, err = run_cli("generate", "--target", str(broken), "--prompt", "x")
+    one_line_error(code, err, "corrupt")

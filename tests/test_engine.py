@@ -1,0 +1,269 @@
+"""The engine end to end on tiny random models: greedy equivalence, stops, rollback, sampling distribution."""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from tiny import perturbed, tiny_llama
+
+from edgespec import verify
+from edgespec.drafters import NgramDrafter, TorchDrafter
+from edgespec.engine import STOP_CONTEXT, STOP_EOS, STOP_LENGTH, STOP_STRING, SpeculativeEngine
+from edgespec.errors import EdgespecError
+from edgespec.lm import TorchLM
+from edgespec.policy import FixedK
+from edgespec.sampling import SamplingParams, probs_from_logits
+from edgespec.target import TorchTarget
+
+PROMPTS = [[1, 5, 9, 3], [1, 7, 7, 7, 20, 11, 4, 9, 13], [1, 30, 2 + 10, 6, 6, 6, 6, 25]]
+
+
+def hf_greedy(model, prompt, n, eos=None):
+    """Target-only greedy decoding by transformers itself: the reference, independent of our loop."""
+    out = model.generate(
+        torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=n, min_new_tokens=0, do_sample=False, eos_token_id=eos, pad_token_id=0,
+    )
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_llama(vocab_size=32, seed=0)
+    target.generation_config.eos_token_id = None
+    return {
+        "target": target,
+        "close": perturbed(target, 0.5),
+        "foreign": tiny_llama(vocab_size=32, seed=7),
+    }
+
+
+def drafter_for(name, models):
+    if name == "ngram":
+        return NgramDrafter()
+    if name == "self":
+        return TorchDrafter(models["target"])
+    return TorchDrafter(models[name])
+
+
+@pytest.mark.parametrize("draft_name", ["close", "foreign", "self", "ngram"])
+def test_greedy_equals_target_only_for_every_k(models, draft_name):
+    target = models["target"]
+    engine = SpeculativeEngine(TorchTarget(target), drafter_for(draft_name, models))
+    for prompt in PROMPTS:
+        expected = hf_greedy(target, prompt, 40)
+        for k in range(0, 9):
+            got = engine.run(prompt, max_new_tokens=40, policy=FixedK(k))
+            assert got.token_ids == expected, (draft_name, prompt, k)
+            assert got.stop_reason == STOP_LENGTH
+
+
+def test_self_draft_accepts_everything(models):
+    engine = SpeculativeEngine(TorchTarget(models["target"]), TorchDrafter(models["target"]))
+    for k in (1, 3, 8):
+        m = engine.run(PROMPTS[0], max_new_tokens=9 * 6, policy=FixedK(k)).metrics
+        assert m.acceptance_rate == 1.0
+        # Every full round emits K+1 tokens; only rounds shortened by max_new_tokens can emit fewer.
+        full = [kk for kk in m.k_per_round if kk == k]
+        assert m.num_accepted_tokens == m.num_draft_tokens
+        assert m.tau == pytest.approx(m.num_emitted_tokens / m.num_target_forwards)
+        assert len(full) >= len(m.k_per_round) - 1
+        if (9 * 6) % (k + 1) == 0:
+            assert m.tau == k + 1
+
+
+def test_close_draft_accepts_partially(models):
+    engine = SpeculativeEngine(TorchTarget(models["target"]), TorchDrafter(models["close"]))
+    m = engine.run(PROMPTS[1], max_new_tokens=60, policy=FixedK(4)).metrics
+    assert 0 < m.acceptance_rate < 1  # otherwise the greedy-equivalence test would not exercise rollback
+    assert sum(m.accepted_per_position) == m.num_accepted_tokens
+    assert m.accepted_per_position == sorted(m.accepted_per_position, reverse=True)
+
+
+def test_eos_inside_an_accepted_block(models):
+    target = models["target"]
+    prompt = PROMPTS[1]
+    reference = hf_greedy(target, prompt, 30)
+    # Pick a token the target emits mid-way as EOS: with the target as its own draft and K=8 it falls
+    # inside an accepted block; nothing after it may be emitted.
+    eos_pos = next(i for i in range(5, 30) if reference[i] not in reference[:i] and i % 9 not in (0, 8))
+    eos = reference[eos_pos]
+    expected = hf_greedy(target, prompt, 30, eos=eos)
+    assert expected == reference[: eos_pos + 1]
+    for drafter in (TorchDrafter(target), TorchDrafter(models["close"]), NgramDrafter()):
+        engine = SpeculativeEngine(TorchTarget(target), drafter, eos_token_ids=[eos])
+        steps = list(engine.generate(prompt, max_new_tokens=30, policy=FixedK(8)))
+        got = [t for s in steps for t in s.tokens]
+        assert got == expected
+        assert steps[-1].stop_reason == STOP_EOS
+
+
+def test_max_new_tokens_mid_block_never_overshoots(models):
+    target = models["target"]
+    engine = SpeculativeEngine(TorchTarget(target), TorchDrafter(target))
+    for n in (1, 2, 5, 7, 13):
+        got = engine.run(PROMPTS[0], max_new_tokens=n, policy=FixedK(8))
+        assert got.token_ids == hf_greedy(target, PROMPTS[0], n)
+        assert got.stop_reason == STOP_LENGTH
+
+
+def test_stop_callback(models):
+    engine = SpeculativeEngine(TorchTarget(models["target"]), NgramDrafter())
+    seen = []
+
+    def stop(ids):
+        seen.append(len(ids))
+        return len(ids) >= 6
+
+    got = engine.run(PROMPTS[0], max_new_tokens=50, policy=FixedK(3), stop=stop)
+    assert got.stop_reason == STOP_STRING
+    assert 6 <= len(got.token_ids) <= 6 + 3
+    assert seen == sorted(seen)
+
+
+def test_context_end_stops_with_reason(models):
+    target = models["target"]  # max_position_embeddings = 128
+    engine = SpeculativeEngine(TorchTarget(target), TorchDrafter(models["close"]))
+    prompt = PROMPTS[1]
+    got = engine.run(prompt, max_new_tokens=500, policy=FixedK(6))
+    assert got.stop_reason == STOP_CONTEXT
+    assert len(prompt) + len(got.token_ids) == 128
+    assert got.token_ids == hf_greedy(target, prompt, 128 - len(prompt))
+
+
+def test_prompt_longer_than_context_is_one_line_error(models):
+    engine = SpeculativeEngine(TorchTarget(models["target"]))
+    with pytest.raises(EdgespecError) as err:
+        engine.run([1] * 128, max_new_tokens=4)
+    assert "context" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_vocab_mismatch_is_one_line_error(models):
+    with pytest.raises(EdgespecError) as err:
+        SpeculativeEngine(TorchTarget(models["target"]), TorchDrafter(tiny_llama(vocab_size=40)))
+    msg = str(err.value)
+    assert "40" in msg and "32" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("k", [-1, 17, 2.5, True])
+def test_bad_k(k):
+    with pytest.raises(EdgespecError):
+        FixedK(k)
+
+
+@pytest.mark.parametrize("backend", ["target", "drafter"])
+def test_rollback_equals_fresh_prefill(models, backend):
+    """After any accept length, the next-token logits equal those of a fresh prefill of the accepted text."""
+    model = models["target"]
+    prompt = PROMPTS[1]
+    block = [3, 8, 13, 21, 4, 6]
+    for keep in range(0, len(block) + 1):
+        lm = TorchLM(model)
+        lm.reset()
+        lm.feed(prompt, 0)
+        lm.feed(block, len(block))
+        lm.crop(len(prompt) + keep)
+        after = lm.feed([17], 1)[0]
+        fresh = TorchLM(model)
+        fresh.reset()
+        expected = fresh.feed(prompt + block[:keep] + [17], 1)[0]
+        assert torch.allclose(after, expected, atol=1e-5), keep
+    if backend == "drafter":
+        # The drafter's own rollback path: propose K, commit n, then its next proposal equals a fresh one.
+        for n in range(0, 5):
+            d = TorchDrafter(models["close"])
+            d.begin(prompt)
+            proposed = d.propose(4, SamplingParams(), torch.Generator()).tokens
+            d.commit(n, 9)
+            again = d.propose(3, SamplingParams(), torch.Generator()).tokens
+            fresh = TorchDrafter(models["close"])
+            fresh.begin(prompt + proposed[:n] + [9])
+            assert again == fresh.propose(3, SamplingParams(), torch.Generator()).tokens
+
+
+def test_new_prompt_reuses_common_prefix(models):
+    """A second request that extends the first (the next chat turn) gives the same output as a cold start."""
+    target = models["target"]
+    engine = SpeculativeEngine(TorchTarget(target), TorchDrafter(models["close"]))
+    first = engine.run(PROMPTS[1], max_new_tokens=10, policy=FixedK(3)).token_ids
+    follow = PROMPTS[1] + first + [5, 6]
+    assert engine.run(follow, max_new_tokens=12, policy=FixedK(3)).token_ids == hf_greedy(target, follow, 12)
+    # and a different prompt afterwards
+    assert engine.run(PROMPTS[2], max_new_tokens=12, policy=FixedK(3)).token_ids == hf_greedy(target, PROMPTS[2], 12)
+
+
+# --- sampling: the distribution of the first two generated tokens equals the target's -------------------
+
+V = 8
+
+
+@pytest.fixture(scope="module")
+def small_vocab():
+    return tiny_llama(vocab_size=V, seed=3, init=0.15), tiny_llama(vocab_size=V, seed=4, init=0.15)
+
+
+def exact_two_token_distribution(model, prompt, params):
+    lm = TorchLM(model)
+    lm.reset()
+    p1 = probs_from_logits(lm.feed(prompt, 1)[0], params).double()
+    table = torch.zeros(V, V, dtype=torch.float64)
+    for a in range(V):
+        if p1[a] == 0:
+            continue
+        lm.crop(len(prompt))
+        p2 = probs_from_logits(lm.feed([a], 1)[0], params).double()
+        table[a] = p1[a] * p2
+    return table.flatten()
+
+
+def sampled_counts(engine, prompt, params, k, n):
+    counts = torch.zeros(V * V, dtype=torch.float64)
+    for i in range(n):
+        p = SamplingParams(params.temperature, params.top_k, params.top_p, seed=1000 + i)
+        ids = engine.run(prompt, params=p, max_new_tokens=2, policy=FixedK(k)).token_ids
+        counts[ids[0] * V + ids[1]] += 1
+    return counts
+
+
+def chi_square_p(counts, expected_probs):
+    n = counts.sum()
+    keep = expected_probs * n >= 5  # pool sparse cells so the chi-square approximation holds
+    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
+    exp = torch.cat([expected_probs[keep] * n, (expected_probs[~keep].sum() * n).view(1)])
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    exp = exp * (obs.sum() / exp.sum())  # float rounding of the exact table: make the totals agree
+    return chisquare(obs.numpy(), exp.numpy()).pvalue
+
+
+SAMPLING = [SamplingParams(temperature=1.0), SamplingParams(temperature=1.0, top_p=0.9)]
+N_SAMPLES = 1500
+
+
+@pytest.mark.parametrize("params", SAMPLING, ids=["t1", "top_p0.9"])
+def test_sampling_distribution_matches_target(small_vocab, params):
+    target, draft = small_vocab
+    prompt = [1, 2, 3]
+    exact = exact_two_token_distribution(target, prompt, params)
+    spec = SpeculativeEngine(TorchTarget(target), TorchDrafter(draft))
+    assert chi_square_p(sampled_counts(spec, prompt, params, 2, N_SAMPLES), exact) > 1e-3
+    plain = SpeculativeEngine(TorchTarget(target))
+    assert chi_square_p(sampled_counts(plain, prompt, params, 0, N_SAMPLES), exact) > 1e-3
+
+
+def test_sampling_with_ngram_one_hot_draft(small_vocab):
+    target, _ = small_vocab
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]  # the lookup proposes 3, 1, ... : one-hot p_draft
+    params = SAMPLING[0]
+    exact = exact_two_token_distribution(target, prompt, params)
+    spec = SpeculativeEngine(TorchTarget(target), NgramDrafter())
+    assert chi_square_p(sampled_counts(spec, prompt, params, 2, N_SAMPLES), exact) > 1e-3
+
+
+def test_sampling_negative_control_broken_rule_fails(small_vocab, monkeypatch):
+    target, draft = small_vocab
+    prompt = [1, 2, 3]
+    params = SAMPLING[0]
+    exact = exact_two_token_distribution(target, prompt, params)
+    monkeypatch.setattr(verify, "acceptance_probability", lambda pt, pd: 1.0)
+    spec = SpeculativeEngine(TorchTarget(target), TorchDrafter(draft))
+    assert chi_square_p(sampled_counts(spec, prompt, params, 2, N_SAMPLES), exact) < 1e-3

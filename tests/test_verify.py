@@ -1,0 +1,132 @@
+"""The accept/reject rules against the exact distribution, by enumeration and by Monte Carlo.
+
+A negative control (a rule that always accepts) must fail the same checks, which shows the checks can fail.
+"""
+
+import pytest
+import torch
+
+from edgespec import verify
+from edgespec.verify import acceptance_probability, residual_distribution, verify_greedy, verify_sampling
+
+
+def d(*xs):
+    t = torch.tensor(xs, dtype=torch.float64)
+    return t / t.sum()
+
+
+# (p_target row, p_draft row) pairs over a 4-token vocabulary.
+CASES = {
+    "identical": (d(0.1, 0.2, 0.3, 0.4), d(0.1, 0.2, 0.3, 0.4)),
+    "disjoint": (d(0.5, 0.5, 0, 0), d(0, 0, 0.3, 0.7)),
+    "draft_zero_where_target_positive": (d(0.25, 0.25, 0.25, 0.25), d(0.0, 0.5, 0.5, 0.0)),
+    "peaked_vs_flat": (d(0.97, 0.01, 0.01, 0.01), d(0.25, 0.25, 0.25, 0.25)),
+    "flat_vs_peaked": (d(0.25, 0.25, 0.25, 0.25), d(0.01, 0.97, 0.01, 0.01)),
+    "one_hot_draft": (d(0.2, 0.3, 0.1, 0.4), d(0, 1, 0, 0)),
+}
+
+
+def exact_emitted(p_target_row, p_draft_row, accept=acceptance_probability):
+    """P(emitted token = y) at a drafted position: sum over drafts x of accept and reject paths."""
+    v = p_target_row.shape[0]
+    out = torch.zeros(v, dtype=torch.float64)
+    residual = residual_distribution(p_target_row, p_draft_row)
+    for x in range(v):
+        px = p_draft_row[x].item()
+        if px == 0:
+            continue
+        a = accept(p_target_row[x].item(), px)
+        out[x] += px * a
+        out += px * (1 - a) * residual
+    return out
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_exact_distribution_each_position(name):
+    p_t, p_d = CASES[name]
+    assert torch.allclose(exact_emitted(p_t, p_d), p_t, atol=1e-6)
+
+
+def always_accept(p_target_x, p_draft_x):
+    return 1.0
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n != "identical"])
+def test_negative_control_always_accept_fails_exact_check(name):
+    p_t, p_d = CASES[name]
+    assert not torch.allclose(exact_emitted(p_t, p_d, accept=always_accept), p_t, atol=1e-6)
+
+
+def empirical_first_token(p_t, p_d, n, seed=0, rule=verify_sampling):
+    """Draw the draft from p_draft, run the rule with K=2 (rows repeated), count the first emitted token,
+    and the token at the bonus position when both drafts pass."""
+    g = torch.Generator().manual_seed(seed)
+    p_target = torch.stack([p_t, p_t, p_t])
+    p_draft = torch.stack([p_d, p_d])
+    first = torch.zeros(p_t.shape[0], dtype=torch.float64)
+    bonus = torch.zeros(p_t.shape[0], dtype=torch.float64)
+    drafts = torch.multinomial(p_d.float(), 2 * n, replacement=True, generator=g).view(n, 2).tolist()
+    for tokens in drafts:
+        verdict = rule(tokens, p_draft, p_target, g)
+        emitted = tokens[: verdict.n_accepted] + [verdict.next_token]
+        first[emitted[0]] += 1
+        if verdict.n_accepted == 2:
+            bonus[verdict.next_token] += 1
+    return first / n, bonus / max(bonus.sum(), 1)
+
+
+def within(emp, p, n, sigmas=5.0):
+    bound = sigmas * torch.sqrt(p * (1 - p) / n) + 1e-9
+    return bool(((emp - p).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_monte_carlo_matches_target(name):
+    p_t, p_d = CASES[name]
+    n = 20000
+    first, _ = empirical_first_token(p_t, p_d, n, seed=1)
+    assert within(first, p_t, n)
+
+
+def test_monte_carlo_bonus_position_is_target():
+    p_t, p_d = CASES["identical"]  # every draft passes, so the bonus row is sampled each time
+    first, bonus = empirical_first_token(p_t, p_d, 20000, seed=2)
+    assert within(bonus, p_t, 20000)
+
+
+def test_monte_carlo_negative_control_fails(monkeypatch):
+    monkeypatch.setattr(verify, "acceptance_probability", always_accept)
+    for name in ["disjoint", "peaked_vs_flat", "flat_vs_peaked"]:
+        p_t, p_d = CASES[name]
+        first, _ = empirical_first_token(p_t, p_d, 20000, seed=1)
+        assert not within(first, p_t, 20000), name
+
+
+def test_bonus_row_is_used_when_all_accepted():
+    p_t = torch.stack([d(0, 1, 0, 0), d(0, 0, 1, 0), d(0, 0, 0, 1)])
+    p_d = torch.stack([d(0, 1, 0, 0), d(0, 0, 1, 0)])
+    verdict = verify_sampling([1, 2], p_d, p_t, torch.Generator().manual_seed(0))
+    assert (verdict.n_accepted, verdict.next_token) == (2, 3)
+
+
+def test_zero_mass_residual_falls_back_to_target():
+    p = d(0.5, 0.5, 0, 0)
+    assert torch.allclose(residual_distribution(p, p.clone()), p)
+
+
+def test_acceptance_probability_edges():
+    assert acceptance_probability(0.3, 0.0) == 1.0
+    assert acceptance_probability(0.0, 0.0) == 0.0
+    assert acceptance_probability(0.0, 0.5) == 0.0
+    assert acceptance_probability(0.2, 0.4) == pytest.approx(0.5)
+    assert acceptance_probability(0.9, 0.4) == 1.0
+
+
+def test_greedy_rule():
+    logits = torch.tensor([[0, 5, 0.0], [0, 0, 5.0], [5, 0, 0.0]])
+    assert verify_greedy([1, 2], logits).__dict__ == {"n_accepted": 2, "next_token": 0}
+    assert verify_greedy([1, 0], logits).__dict__ == {"n_accepted": 1, "next_token": 2}
+    assert verify_greedy([0, 2], logits).__dict__ == {"n_accepted": 0, "next_token": 1}
+    assert verify_greedy([], logits[:1]).__dict__ == {"n_accepted": 0, "next_token": 1}
+    with pytest.raises(ValueError):
+        verify_greedy([1], logits)
