@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--draft-device", default="cpu", help="draft model device: cpu, cuda or cuda:N")
     g.add_argument("--dtype", default="auto", help="auto (fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     g.set_defaults(func=cmd_generate)
+
+    d = sub.add_parser("devices", help="what this machine has: CPU, memory, CUDA GPUs, ONNX Runtime providers")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_devices)
     return parser
 
 
@@ -103,6 +107,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"[{m.num_emitted_tokens} tokens, {m.decode_tokens_per_s:.1f} tok/s, acceptance {m.acceptance_rate:.2f}, "
               f"tau {m.tau:.2f}, stop: {stop_reason}]", file=sys.stderr)
     return 130 if stop_reason == "cancelled" else 0
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from .hardware import describe, format_devices
+
+    hw = describe()
+    print(json.dumps(hw.to_dict(), indent=2) if args.json else format_devices(hw))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
