@@ -40,3 +40,142 @@ class FixedK:
 
     def __repr__(self) -> str:
         return f"FixedK({self.k})"
+
+
+class AdaptiveK:
+    """K re-solved every round by the cost model from acceptance and latencies estimated while generating.
+
+    Acceptance: per-position conditional rates (P(draft i accepted | drafts before it accepted)), from
+    exponentially decayed counts smoothed toward a prior, so a change in the text moves K within a few rounds.
+    Latencies: the profile's table when there is one, refined by what each round measures (an EWMA per
+    verified length n and per drafted token); without a profile, the first rounds calibrate by trying a few
+    K values. When no K is predicted to beat plain decoding, K = 0, with a probe round every `probe_every`
+    rounds (the interval doubles while probes keep losing) so speculation comes back when the text turns
+    predictable again.
+    """
+
+    def __init__(self, *, latencies=None, prior_acceptance: list[float] | float = 0.6, k_max: int = 8,
+                 decay: float = 0.8, prior_weight: float = 1.0, overlap: bool = False, probe_every: int = 8,
+                 probe_k: int = 2, margin: float = 0.02, calibration_ks: tuple[int, ...] = (0, 2, 4)):
+        from .costmodel import Latencies  # noqa: F401  (documented type of `latencies`)
+
+        self.k_max = check_k(k_max)
+        self.decay = decay
+        self.prior_weight = prior_weight
+        self.overlap = overlap
+        self.margin = margin
+        self.probe_every_base = probe_every
+        self.probe_every = probe_every
+        self.probe_k = probe_k
+        if isinstance(prior_acceptance, (int, float)):
+            prior_acceptance = [float(prior_acceptance)] * self.k_max
+        self.prior = list(prior_acceptance) + [prior_acceptance[-1]] * (self.k_max - len(prior_acceptance))
+        self.reached = [0.0] * self.k_max
+        self.accepted = [0.0] * self.k_max
+        # Latency estimates: verify[n] in seconds, draft per token in seconds; None = not known yet.
+        self.verify: dict[int, float] = {}
+        self.draft_per_token: float | None = None
+        if latencies is not None:
+            self.verify = {n: float(t) for n, t in enumerate(latencies.verify) if n >= 1 and t > 0}
+            ks = [k for k in range(1, len(latencies.draft)) if latencies.draft[k] > 0]
+            if ks:
+                self.draft_per_token = sum(latencies.draft[k] / k for k in ks) / len(ks)
+        self._calibration = [] if latencies is not None else [k for k in calibration_ks if k <= self.k_max]
+        self.rounds_off = 0
+        self.last_prediction = 1.0
+        self.history: list[int] = []
+
+    # -- estimates ------------------------------------------------------------------------------------
+    def conditional_acceptance(self) -> list[float]:
+        """Per-position conditional rates. A position with little data leans on the rate estimated for the
+        position before it (acceptance changes smoothly with depth), and position 0 on the prior; a prior
+        fixed per position would pin unexplored depths and keep K from ever growing past them."""
+        w = self.prior_weight
+        out = []
+        for i in range(self.k_max):
+            prior = self.prior[0] if i == 0 else out[-1]
+            out.append((self.accepted[i] + w * prior) / (self.reached[i] + w))
+        return out
+
+    def survival(self) -> list[float]:
+        out, s = [], 1.0
+        for c in self.conditional_acceptance():
+            s *= c
+            out.append(s)
+        return out
+
+    def latencies(self):
+        from .costmodel import Latencies
+
+        if not self.verify or self.draft_per_token is None:
+            return None
+        known = sorted(self.verify)
+        verify = [0.0]
+        for n in range(1, self.k_max + 2):
+            verify.append(self.verify[n] if n in self.verify else _interpolate(self.verify, known, n))
+        return Latencies.linear(self.draft_per_token, verify)
+
+    # -- policy ---------------------------------------------------------------------------------------
+    def next_k(self) -> int:
+        if self._calibration:
+            k = self._calibration.pop(0)
+        else:
+            k = self._solve()
+        self.history.append(k)
+        return k
+
+    def _solve(self) -> int:
+        from .costmodel import best_k
+
+        lat = self.latencies()
+        if lat is None:  # nothing measured yet (e.g. every calibration round was cut short)
+            return self.probe_k
+        k, predicted = best_k(self.survival(), lat, overlap=self.overlap, margin=self.margin)
+        self.last_prediction = predicted
+        if k > 0:
+            self.rounds_off = 0
+            self.probe_every = self.probe_every_base
+            return k
+        self.rounds_off += 1
+        if self.rounds_off >= self.probe_every:
+            self.rounds_off = 0
+            self.probe_every = min(self.probe_every * 2, 256)
+            return self.probe_k
+        return 0
+
+    def observe(self, k: int, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
+        # Only rounds that drafted age the acceptance counts: while speculation is off nothing is learnt
+        # about acceptance, and only a probe should bring it back.
+        for i in range(self.k_max if n_drafted else 0):
+            self.reached[i] *= self.decay
+            self.accepted[i] *= self.decay
+        for i in range(min(n_drafted, self.k_max)):
+            if i > n_accepted:
+                break
+            self.reached[i] += 1  # position i was drafted and every draft before it was accepted
+            if i < n_accepted:
+                self.accepted[i] += 1
+        n = n_drafted + 1
+        if verify_s > 0:
+            old = self.verify.get(n)
+            self.verify[n] = verify_s if old is None else 0.7 * old + 0.3 * verify_s
+        if n_drafted > 0 and draft_s > 0:
+            per = draft_s / n_drafted
+            self.draft_per_token = per if self.draft_per_token is None else 0.7 * self.draft_per_token + 0.3 * per
+
+    def __repr__(self) -> str:
+        return f"AdaptiveK(k_max={self.k_max}, overlap={self.overlap})"
+
+
+def _interpolate(table: dict[int, float], known: list[int], n: int) -> float:
+    """Verification time for an unmeasured length: linear between the nearest measured lengths, flat beyond."""
+    lower = [m for m in known if m < n]
+    upper = [m for m in known if m > n]
+    if lower and upper:
+        a, b = lower[-1], upper[0]
+        return table[a] + (table[b] - table[a]) * (n - a) / (b - a)
+    if lower and len(lower) >= 2:  # extrapolate with the slope of the last two points, never decreasing
+        a, b = lower[-2], lower[-1]
+        slope = max((table[b] - table[a]) / (b - a), 0.0)
+        return table[b] + slope * (n - b)
+    return table[(lower or upper)[-1 if lower else 0]]

@@ -1,0 +1,97 @@
+"""K policies on synthetic acceptance streams with scripted latencies: no models, no clocks, no sleeps."""
+
+import random
+
+import pytest
+
+from edgespec.costmodel import Latencies
+from edgespec.errors import EdgespecError
+from edgespec.policy import AdaptiveK, FixedK
+
+VERIFY = [0, 0.100, 0.104, 0.108, 0.112, 0.118, 0.124, 0.130, 0.138, 0.146]
+T_DRAFT = 0.01
+
+
+def simulate(policy, rates, rng):
+    """Run one round per entry of `rates` (i.i.d. acceptance for that round); return the K of each round."""
+    ks = []
+    for a in rates:
+        k = policy.next_k()
+        n = 0
+        while n < k and rng.random() < a:
+            n += 1
+        policy.observe(k, k, n, k * T_DRAFT, VERIFY[k + 1])
+        ks.append(k)
+    return ks
+
+
+def profiled():
+    return AdaptiveK(latencies=Latencies.linear(T_DRAFT, VERIFY), prior_acceptance=0.6, k_max=8)
+
+
+def test_high_acceptance_gives_large_k():
+    ks = simulate(profiled(), [0.9] * 60, random.Random(0))
+    steady = sorted(ks[20:])
+    assert steady[len(steady) // 2] >= 5 and min(steady) >= 3  # the cost-model optimum here is K=6
+
+
+def test_drop_drives_k_to_zero_within_bounded_rounds_and_recovers():
+    policy = profiled()
+    rng = random.Random(1)
+    simulate(policy, [0.9] * 40, rng)
+    ks_low = simulate(policy, [0.02] * 80, rng)
+    first_zero = ks_low.index(0)
+    assert first_zero <= 15, ks_low
+    # After that, speculation stays off except for occasional short probes.
+    after = ks_low[first_zero:]
+    assert sum(1 for k in after if k > 0) <= len(after) // 6
+    assert all(k <= policy.probe_k for k in after)
+    ks_back = simulate(policy, [0.9] * 120, rng)
+    back = next(i for i, k in enumerate(ks_back) if k >= 3)
+    assert back <= 80, ks_back
+    assert min(ks_back[back + 10:]) >= 3
+
+
+def test_slow_draft_keeps_speculation_off():
+    policy = AdaptiveK(latencies=Latencies.linear(0.2, VERIFY), prior_acceptance=0.9, k_max=8)
+    ks = simulate(policy, [0.95] * 40, random.Random(2))
+    assert ks.count(0) >= 30
+
+
+def test_without_profile_calibrates_then_decides():
+    policy = AdaptiveK(latencies=None, prior_acceptance=0.6, k_max=8)
+    ks = simulate(policy, [0.9] * 40, random.Random(3))
+    assert ks[:3] == [0, 2, 4]  # calibration rounds measure verify(1), verify(3), verify(5) and the draft
+    assert min(ks[10:]) >= 3
+    assert policy.verify[1] == pytest.approx(VERIFY[1])
+
+
+def test_front_loaded_acceptance_chooses_small_k():
+    policy = profiled()
+    rng = random.Random(4)
+    ks = []
+    for _ in range(80):
+        k = policy.next_k()
+        n = 0
+        # the first two drafts almost always pass, later ones almost never
+        for i in range(k):
+            if rng.random() < (0.97 if i < 2 else 0.05):
+                n += 1
+            else:
+                break
+        policy.observe(k, k, n, k * T_DRAFT, VERIFY[k + 1])
+        ks.append(k)
+    assert all(2 <= k <= 3 for k in ks[30:]), ks[30:]
+
+
+def test_short_proposals_count_only_reached_positions():
+    policy = profiled()
+    policy.observe(6, 2, 2, 0.02, VERIFY[3])  # the drafter stopped early (p-min) after 2 tokens, both passed
+    assert policy.reached[:3] == [1.0, 1.0, 0.0]
+    assert policy.accepted[:3] == [1.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize("k", [-1, 17])
+def test_fixed_k_range(k):
+    with pytest.raises(EdgespecError):
+        FixedK(k)
