@@ -21,13 +21,38 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
 
 
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """Which models, where: shared by generate, chat, bench and profile."""
+    p.add_argument("--pair", default=None, help="model pair from models/ (default: smollm2-135m, the embedded one)")
+    p.add_argument("--target", default=None, help="target instead of a pair: checkpoint dir, .gguf file or ONNX dir")
+    p.add_argument("--draft", default=None,
+                   help="int4 (draft model under ONNX Runtime), torch, ngram (prompt lookup), none, or a draft checkpoint path")
+    p.add_argument("--draft-backend", default="int4", choices=["int4", "torch"], help="how a draft given as a path runs")
+    p.add_argument("--target-backend", default="auto", help="auto (torch on CUDA, ONNX Runtime on CPU), torch or onnx")
+    p.add_argument("--target-device", "--device", dest="target_device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--draft-device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="auto", help="torch target dtype: auto (fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per model (default: all cores)")
+
+
+def runtime_spec(args: argparse.Namespace):
+    from .runtime import RuntimeSpec
+
+    return RuntimeSpec(pair=args.pair, target=args.target, draft=args.draft, draft_backend=args.draft_backend,
+                       target_backend=args.target_backend, target_device=args.target_device,
+                       draft_device=args.draft_device, dtype=args.dtype, threads=args.threads)
+
+
+def stderr_progress(line: str) -> None:
+    print(f"edgespec: {line}", file=sys.stderr, flush=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="edgespec", description="Lossless speculative decoding on the machine you have.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     g = sub.add_parser("generate", help="generate text for one prompt, streaming to stdout")
-    g.add_argument("--target", required=True, help="transformers checkpoint dir of the target model")
-    g.add_argument("--draft", default="ngram", help="draft checkpoint dir, 'ngram' (prompt lookup, default) or 'none'")
+    add_model_options(g)
     g.add_argument("--prompt", required=True)
     g.add_argument("--k", type=int, default=4, help="tokens drafted per round (0 = no speculation)")
     _add_sampling(g)
@@ -36,14 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     g.add_argument("--no-spec", action="store_true", help="run the target alone through the same loop")
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
-    g.add_argument("--target-device", "--device", dest="device", default="cpu", help="target device: cpu, cuda or cuda:N")
-    g.add_argument("--draft-device", default="cpu", help="draft model device: cpu, cuda or cuda:N")
-    g.add_argument("--dtype", default="auto", help="auto (fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     g.set_defaults(func=cmd_generate)
 
     d = sub.add_parser("devices", help="what this machine has: CPU, memory, CUDA GPUs, ONNX Runtime providers")
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_devices)
+    add_chat_parser(sub)
     return parser
 
 
@@ -59,27 +82,18 @@ def encode_prompt(tokenizer, prompt: str, *, chat: bool, system: str | None = No
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .drafters import NgramDrafter, TorchDrafter
-    from .engine import SpeculativeEngine
-    from .loading import check_same_tokenizer, eos_token_ids, load_causal_lm, load_tokenizer
     from .metrics import SpecMetrics
     from .policy import FixedK
+    from .runtime import build_runtime
     from .sampling import SamplingParams
-    from .target import TorchTarget
     from .text import TextStream
 
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    if args.no_spec:
+        args.draft = "none"
     policy = FixedK(0 if args.no_spec else args.k)
-    model = load_causal_lm(args.target, device=args.device, dtype=args.dtype)
-    tokenizer = load_tokenizer(args.target)
-    drafter = None
-    if not args.no_spec and args.draft != "none":
-        if args.draft == "ngram":
-            drafter = NgramDrafter()
-        else:
-            check_same_tokenizer(tokenizer, load_tokenizer(args.draft))
-            drafter = TorchDrafter(load_causal_lm(args.draft, device=args.draft_device, dtype=args.dtype, device_flag="--draft-device"))
-    engine = SpeculativeEngine(TorchTarget(model), drafter, eos_token_ids=eos_token_ids(model, tokenizer))
+    rt = build_runtime(runtime_spec(args), progress=stderr_progress if not args.json else (lambda _: None))
+    engine, tokenizer = rt.engine, rt.tokenizer
     prompt_ids = encode_prompt(tokenizer, args.prompt, chat=args.chat, system=args.system)
 
     stream = TextStream(tokenizer, args.stop)
@@ -115,6 +129,65 @@ def cmd_devices(args: argparse.Namespace) -> int:
     hw = describe()
     print(json.dumps(hw.to_dict(), indent=2) if args.json else format_devices(hw))
     return 0
+
+
+def add_chat_parser(sub) -> None:
+    c = sub.add_parser("chat", help="chat in the terminal, with the speculation shown as it happens")
+    c.add_argument("--pair", default="smollm2-135m", help="model pair to use (default: smollm2-135m)")
+    c.add_argument("--target", default=None, help="target checkpoint dir or .gguf (overrides the pair's target)")
+    c.add_argument("--draft", default=None, help="draft checkpoint dir, 'ngram' or 'none' (overrides the pair's draft)")
+    c.add_argument("--k", default="auto", help="tokens drafted per round: auto (default) or 0..16 (0 = no speculation)")
+    c.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    c.add_argument("--top-p", type=float, default=1.0)
+    c.add_argument("--max-new-tokens", type=int, default=512)
+    c.add_argument("--system", default=None, help="system prompt")
+    c.add_argument("--target-device", default="cpu", help="target device: cpu, cuda or cuda:N")
+    c.add_argument("--draft-device", default="cpu", help="draft model device: cpu, cuda or cuda:N")
+    c.add_argument("--dtype", default="auto", help="auto (fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    c.add_argument("--resume", nargs="?", const="", default=None, metavar="ID",
+                   help="continue a saved chat (no ID: the latest); see --list")
+    c.add_argument("--list", action="store_true", help="list saved chats (id, date, first message) and exit")
+    c.add_argument("--no-color-origin", action="store_true",
+                   help="start with answers rendered as Markdown instead of coloured by origin (F2 toggles)")
+    c.set_defaults(func=cmd_chat)
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    # tui imports edgespec, never the reverse: only this function knows it exists.
+    from tui.history import CorruptChat, format_chat_list, latest_chat_id, list_chats, load_chat
+    from tui.settings import parse_settings
+
+    if args.list:
+        print(format_chat_list(list_chats()))
+        return 0
+    try:
+        settings = parse_settings({"temperature": str(args.temperature), "top_p": str(args.top_p),
+                                   "max_new_tokens": str(args.max_new_tokens), "k": str(args.k)})
+    except ValueError as err:
+        raise EdgespecError(str(err)) from None
+    record, warning = None, None
+    if args.resume is not None:
+        chat_id = args.resume or latest_chat_id()
+        if chat_id is None:
+            warning = "there is no saved chat to resume yet; this is a new chat"
+        else:
+            try:
+                record = load_chat(chat_id)
+            except CorruptChat as err:
+                warning = (f"the saved chat {chat_id} cannot be read ({err.reason}); "
+                           "the file is left untouched and this is a new chat")
+
+    def factory(progress):
+        from .runtime import build_session
+
+        return build_session(args, progress=progress)
+
+    from tui.app import ChatApp
+
+    app = ChatApp(factory, settings=settings, system=args.system, record=record, warning=warning,
+                  colour_origin=not args.no_color_origin)
+    app.run()
+    return app.return_code or 0
 
 
 def main(argv: list[str] | None = None) -> int:

