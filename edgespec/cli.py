@@ -63,6 +63,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     g.set_defaults(func=cmd_generate)
 
+    b = sub.add_parser("bench", help="measure speed-ups on the bench prompt set against target-only and transformers")
+    add_model_options(b)
+    b.add_argument("--drafters", default=None, help="comma list of int4, torch, ngram (default: the pair's drafters)")
+    b.add_argument("--k", default="0,2,4,6,8,auto", help="comma list of K values and/or auto")
+    b.add_argument("--categories", default=None, help="comma list of categories (default: all)")
+    b.add_argument("--quick", action="store_true", help="one prompt per category, 48 tokens, K 3 and auto (about 2 min)")
+    b.add_argument("--repeats", type=int, default=None, help="repeats per prompt (median taken; default 3, quick 1)")
+    b.add_argument("--anchor-k", type=int, default=4, help="fixed K for transformers' assisted generation anchor")
+    b.add_argument("--no-anchors", action="store_true", help="skip transformers' assisted generation / prompt lookup")
+    b.add_argument("--out", default="bench-results", help="directory for the JSON, markdown and PNG")
+    _add_sampling(b)
+    b.set_defaults(func=cmd_bench, max_new_tokens=None)
+
     d = sub.add_parser("devices", help="what this machine has: CPU, memory, CUDA GPUs, ONNX Runtime providers")
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_devices)
@@ -121,6 +134,85 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print(f"[{m.num_emitted_tokens} tokens, {m.decode_tokens_per_s:.1f} tok/s, acceptance {m.acceptance_rate:.2f}, "
               f"tau {m.tau:.2f}, stop: {stop_reason}]", file=sys.stderr)
     return 130 if stop_reason == "cancelled" else 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import bench
+    from .drafters import NgramDrafter, TorchDrafter
+    from .engine import SpeculativeEngine
+    from .loading import load_causal_lm
+    from .policy import AdaptiveK, FixedK, check_k
+    from .runtime import build_runtime
+    from .sampling import SamplingParams
+
+    ks = bench.parse_ks("3,auto" if args.quick and args.k == "0,2,4,6,8,auto" else args.k)
+    check_k(args.anchor_k)
+    categories = args.categories.split(",") if args.categories else None
+    prompts = bench.load_prompts(categories, quick=args.quick)
+    max_new = args.max_new_tokens or (48 if args.quick else 128)
+    repeats = args.repeats or (1 if args.quick else 3)
+    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    wanted = args.drafters.split(",") if args.drafters else None
+    for name in wanted or []:
+        if name not in ("int4", "torch", "ngram"):
+            raise EdgespecError(f"unknown drafter {name!r} in --drafters; use some of int4, torch, ngram")
+    model_drafter = next((d for d in (wanted or ["int4"]) if d in ("int4", "torch")), None)
+    if args.draft is None or args.draft in ("int4", "torch", "ngram", "none"):
+        args.draft = model_drafter or "none"
+    rt = build_runtime(runtime_spec(args), progress=stderr_progress)
+    wanted = wanted or ([rt.drafter_name] if rt.drafter_name not in ("none", "ngram") else []) + ["ngram"]
+    target = rt.engine.target
+    drafters = {}
+    for name in wanted:
+        if name == "ngram":
+            drafters[name] = NgramDrafter()
+        elif name == rt.drafter_name:
+            drafters[name] = rt.engine.drafter
+        elif name == "torch" and (rt.draft_hf_dir or rt.target_hf_dir):
+            drafters[name] = TorchDrafter(load_causal_lm(rt.draft_hf_dir or rt.target_hf_dir))
+    eos = rt.engine.eos_token_ids
+    configs = [bench.engine_config(bench.TARGET_ONLY, SpeculativeEngine(target, None, eos_token_ids=eos), lambda: FixedK(0))]
+    for name, drafter in drafters.items():
+        engine = SpeculativeEngine(target, drafter, eos_token_ids=eos)
+        for k in ks:
+            if k == 0:
+                continue
+            if k == "auto":
+                policy = AdaptiveK()  # one per configuration: it keeps what it learnt across prompts
+                configs.append(bench.engine_config(f"{name}@auto", engine, lambda p=policy: p))
+            else:
+                configs.append(bench.engine_config(f"{name}@{k}", engine, lambda k=k: FixedK(k)))
+    notes = []
+    if not args.no_anchors:
+        if rt.target_backend == "torch":
+            model = target.lm.model
+            draft_dir = rt.draft_hf_dir or rt.target_hf_dir
+            assistant = load_causal_lm(draft_dir, dtype=args.dtype) if draft_dir != rt.target_hf_dir else model
+            configs.append(bench.hf_config("hf-assisted", model, rt.tokenizer, assistant_model=assistant))
+            configs.append(bench.hf_config(f"hf-assisted@{args.anchor_k}", model, rt.tokenizer, assistant_model=assistant,
+                                           num_assistant_tokens=args.anchor_k, num_assistant_tokens_schedule="constant",
+                                           assistant_confidence_threshold=0.0))
+            configs.append(bench.hf_config(f"hf-prompt-lookup@{args.anchor_k}", model, rt.tokenizer,
+                                           prompt_lookup_num_tokens=args.anchor_k))
+        else:
+            notes.append("transformers anchors need the torch target backend (--target-backend torch); skipped")
+    from .session import ChatSession
+
+    session = ChatSession(rt.engine, rt.tokenizer)
+    settings = {"pair": rt.pair or args.target, "target": rt.target_description, "draft": rt.draft_description,
+                "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "greedy": params.greedy,
+                "max_new_tokens": max_new, "repeats": repeats, "prompts": len(prompts), "ks": ks,
+                "title": f"{rt.pair or 'custom'} / {rt.target_backend} target / T={args.temperature}"}
+    result = bench.run_bench(configs, prompts, session.encode, params=params, max_new_tokens=max_new, repeats=repeats,
+                             command=bench.command_line(), machine=bench.machine_description(), settings=settings)
+    result.notes.extend(notes)
+    stem = f"{rt.pair or 'custom'}-{rt.target_backend}-t{args.temperature:g}" + ("-quick" if args.quick else "")
+    paths = bench.write_outputs(result, Path(args.out), stem)
+    print(bench.markdown(result))
+    print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    return 1 if result.summary["mismatches"] else 0
 
 
 def cmd_devices(args: argparse.Namespace) -> int:

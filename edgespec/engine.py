@@ -152,6 +152,12 @@ class SpeculativeEngine:
             if reason is not None:
                 return
 
+    def reset(self) -> None:
+        """Drop both caches, so the next request prefills from scratch."""
+        self.target.reset()
+        if self.drafter is not None:
+            self.drafter.reset()
+
     def run(self, prompt_ids: list[int], **kwargs) -> Generation:
         """Generate to the end and return the ids, the stop reason and the metrics."""
         result = Generation()

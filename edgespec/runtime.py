@@ -41,6 +41,9 @@ class Runtime:
     draft_description: str | None
     pair: str | None
     drafter_name: str
+    target_hf_dir: Path | None = None  # the transformers checkpoints behind the models, when there are ones
+    draft_hf_dir: Path | None = None
+    target_backend: str = "onnx"
     notes: list[str] = field(default_factory=list)
 
 
@@ -85,6 +88,7 @@ def build_runtime(spec: RuntimeSpec, progress: Callable[[str], None] = lambda _:
         draft_path, drafter_name = drafter_name, spec.draft_backend
     drafter = None
     draft_description = None
+    draft_source = None
     if drafter_name == "ngram":
         drafter = NgramDrafter()
         draft_description = drafter.description
@@ -106,8 +110,10 @@ def build_runtime(spec: RuntimeSpec, progress: Callable[[str], None] = lambda _:
     eos = _eos_ids(target_source, tokenizer)
     progress("ready")
     engine = SpeculativeEngine(_target(target_lm), drafter, eos_token_ids=eos)
+    draft_hf = draft_source.hf_dir if draft_source is not None else None
     return Runtime(engine, tokenizer, target_lm.description, draft_description,
-                   manifest.name if manifest else None, drafter_name)
+                   manifest.name if manifest else None, drafter_name,
+                   target_hf_dir=target_source.hf_dir, draft_hf_dir=draft_hf, target_backend=backend)
 
 
 def validate_pair(target_dir: Path, draft_dir: Path, target_tokenizer) -> None:

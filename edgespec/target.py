@@ -31,6 +31,9 @@ class Target(Protocol):
     def rollback(self, length: int) -> None:
         """Keep only the first `length` cached tokens."""
 
+    def reset(self) -> None:
+        """Drop the cache."""
+
 
 class CachedPrefix:
     """Token ids mirrored alongside a `CausalLM`'s cache, so prefixes can be reused and rollbacks checked."""
@@ -85,6 +88,10 @@ class ModelTarget:
 
     def rollback(self, length: int) -> None:
         self._cache.crop(length)
+
+    def reset(self) -> None:
+        """Forget the cache (a benchmark wants every request to pay its own prefill)."""
+        self._cache.sync([])
 
 
 def TorchTarget(model, *, max_context: int | None = None) -> ModelTarget:

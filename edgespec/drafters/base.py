@@ -37,5 +37,8 @@ class Drafter(Protocol):
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
         """Propose up to `k` tokens continuing the committed context (fewer, even none, is allowed)."""
 
+    def reset(self) -> None:
+        """Drop all state (the next `begin` starts cold)."""
+
     def commit(self, n_accepted: int, next_token: int) -> None:
         """The first `n_accepted` proposed tokens were kept, then the target added `next_token`."""

@@ -31,6 +31,10 @@ class ModelDrafter:
         self._proposed = []
         self._cache.sync(self._ids[:-1])
 
+    def reset(self) -> None:
+        self._ids, self._proposed = [], []
+        self._cache.sync([])
+
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
         # The drafter cannot look past its own window; proposing less is always allowed.
         k = min(k, self.max_context - len(self._ids))

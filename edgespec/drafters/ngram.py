@@ -30,6 +30,9 @@ class NgramDrafter:
         self._ids = list(prompt_ids)
         self._proposed = []
 
+    def reset(self) -> None:
+        self._ids, self._proposed = [], []
+
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
         self._proposed = self._lookup(k) if k > 0 else []
         return Draft(list(self._proposed))

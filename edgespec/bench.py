@@ -1,0 +1,351 @@
+"""`edgespec bench`: measured speed-ups on a Spec-Bench-like prompt set, against the baselines people pick.
+
+On one set of loaded models it runs target-only decoding, each drafter at each K (and `auto`), and, when the
+target runs under torch, transformers' own assisted generation and prompt lookup as anchors. Warm-up first;
+configurations interleaved (rotated each repeat) so drift hits all alike; the median of repeats per prompt.
+Every greedy output is checked against target-only's, and a mismatch is reported with its first differing
+position. Speed-ups are ratios measured in the same run. The report maths lives in pure functions
+(`summarise`, `first_difference`, `median`) tested on synthetic records.
+
+It does not choose K for a device (that is `edgespec profile`) and does not print anything but the report
+and a progress bar.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from importlib import resources
+from pathlib import Path
+
+from .errors import EdgespecError
+from .policy import check_k
+
+CATEGORIES = ("multi_turn", "translation", "summarization", "qa", "math", "rag", "code", "rewrite")
+TARGET_ONLY = "target-only"
+
+
+# ------------------------------------------------------------------------------------------- prompt set
+
+def load_prompts(categories: Sequence[str] | None = None, *, quick: bool = False, path: Path | None = None) -> list[dict]:
+    """The bench prompts (chats), filtered by category; `quick` keeps the first quick prompt per category."""
+    if categories:
+        unknown = [c for c in categories if c not in CATEGORIES]
+        if unknown:
+            raise EdgespecError(f"unknown bench category {unknown[0]!r}; use some of {', '.join(CATEGORIES)}")
+    text = path.read_text() if path else resources.files("edgespec").joinpath("data/bench_prompts.jsonl").read_text()
+    prompts = [json.loads(line) for line in text.splitlines() if line.strip()]
+    if categories:
+        prompts = [p for p in prompts if p["category"] in categories]
+    if quick:
+        seen, kept = set(), []
+        for p in prompts:
+            if p.get("quick") and p["category"] not in seen:
+                seen.add(p["category"])
+                kept.append(p)
+        prompts = kept
+    return prompts
+
+
+def parse_ks(text: str) -> list[int | str]:
+    out: list[int | str] = []
+    for part in text.split(","):
+        part = part.strip()
+        if part == "auto":
+            out.append("auto")
+            continue
+        try:
+            out.append(check_k(int(part)))
+        except ValueError:
+            raise EdgespecError(f"--k {part!r} is not a number; use integers 0..16 and/or 'auto', e.g. --k 0,2,4,auto") from None
+    return out
+
+
+# ------------------------------------------------------------------------------------------ records & maths
+
+@dataclass
+class RunRecord:
+    config: str
+    prompt_id: str
+    category: str
+    repeat: int
+    token_ids: list[int]
+    wall_s: float
+    prefill_s: float = 0.0
+    metrics: dict | None = None  # SpecMetrics.to_dict() for our engine; None for anchors
+
+
+def median(xs: Sequence[float]) -> float:
+    if not xs:
+        raise ValueError("median of nothing")
+    return float(statistics.median(xs))
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first position where the sequences differ (a length difference counts); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def summarise(records: Sequence[RunRecord], *, greedy: bool) -> dict:
+    """Per config and category (and overall): tokens/s, speed-up over target-only, tau, acceptance,
+    per-position acceptance, draft share of time, and greedy mismatches.
+
+    Per prompt the median over repeats is taken (time and counters); a category's tokens/s is its total tokens
+    over its total median time (as Spec-Bench does), so long answers weigh more than short ones.
+    """
+    by_key: dict[tuple[str, str], list[RunRecord]] = {}
+    for r in records:
+        by_key.setdefault((r.config, r.prompt_id), []).append(r)
+    per_prompt = {}
+    for (config, pid), runs in by_key.items():
+        ms = [r.metrics for r in runs if r.metrics]
+        per_prompt[(config, pid)] = {
+            "category": runs[0].category,
+            "tokens": median([len(r.token_ids) for r in runs]),
+            "wall_s": median([r.wall_s for r in runs]),
+            "decode_s": median([r.wall_s - r.prefill_s for r in runs]),
+            "token_ids": runs[0].token_ids,
+            "metrics": ms,
+        }
+    configs = list(dict.fromkeys(r.config for r in records))
+    categories = list(dict.fromkeys(r.category for r in records))
+    out: dict = {"configs": {}, "mismatches": []}
+    if greedy and TARGET_ONLY in configs:
+        for (config, pid), p in per_prompt.items():
+            ref = per_prompt.get((TARGET_ONLY, pid))
+            if config == TARGET_ONLY or ref is None:
+                continue
+            pos = first_difference(ref["token_ids"], p["token_ids"])
+            if pos is not None:
+                out["mismatches"].append({"config": config, "prompt_id": pid, "first_difference": pos})
+    for config in configs:
+        rows = {}
+        for cat in [*categories, "overall"]:
+            items = [p for (c, _), p in per_prompt.items() if c == config and (cat == "overall" or p["category"] == cat)]
+            if not items:
+                continue
+            tokens = sum(p["tokens"] for p in items)
+            wall = sum(p["wall_s"] for p in items)
+            decode = sum(p["decode_s"] for p in items)
+            ms = [m for p in items for m in p["metrics"]]
+            drafted = sum(m["num_draft_tokens"] for m in ms)
+            accepted = sum(m["num_accepted_tokens"] for m in ms)
+            forwards = sum(m["num_target_forwards"] for m in ms)
+            emitted = sum(m["num_emitted_tokens"] for m in ms)
+            draft_ms = sum(m["draft_ms"] for m in ms)
+            verify_ms = sum(m["verify_ms"] for m in ms)
+            width = max((len(m["drafted_per_position"]) for m in ms), default=0)
+            pos_d = [sum(m["drafted_per_position"][i] for m in ms if i < len(m["drafted_per_position"])) for i in range(width)]
+            pos_a = [sum(m["accepted_per_position"][i] for m in ms if i < len(m["accepted_per_position"])) for i in range(width)]
+            rows[cat] = {
+                "prompts": len(items),
+                "tokens": tokens,
+                "tokens_per_s": tokens / wall if wall > 0 else 0.0,
+                "decode_tokens_per_s": tokens / decode if decode > 0 else 0.0,
+                "tau": emitted / forwards if forwards else None,
+                "acceptance_rate": accepted / drafted if drafted else None,
+                "acceptance_per_position": [a / d if d else 0.0 for a, d in zip(pos_a, pos_d)],
+                "draft_share": draft_ms / (draft_ms + verify_ms) if draft_ms + verify_ms > 0 else None,
+                "mismatches": sum(1 for m in out["mismatches"] if m["config"] == config
+                                  and (cat == "overall" or per_prompt[(config, m["prompt_id"])]["category"] == cat)),
+            }
+        out["configs"][config] = rows
+    base = out["configs"].get(TARGET_ONLY, {})
+    for rows in out["configs"].values():
+        for cat, row in rows.items():
+            ref = base.get(cat)
+            row["speedup"] = row["tokens_per_s"] / ref["tokens_per_s"] if ref and ref["tokens_per_s"] > 0 else None
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ runs
+
+@dataclass
+class Config:
+    name: str
+    run: Callable[[list[int], int, object], tuple[list[int], float, dict | None]]  # ids, max_new, params -> ids, prefill_s, metrics
+
+
+def engine_config(name, engine, policy_factory) -> Config:
+    def run(prompt_ids, max_new_tokens, params):
+        engine.reset()
+        result = engine.run(prompt_ids, params=params, max_new_tokens=max_new_tokens, policy=policy_factory())
+        return result.token_ids, result.metrics.prefill_ms / 1000, result.metrics.to_dict()
+    return Config(name, run)
+
+
+def hf_config(name, model, tokenizer, **generate_kwargs) -> Config:
+    """transformers' own generate (assisted generation / prompt lookup) on the same torch target."""
+    import torch
+
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def run(prompt_ids, max_new_tokens, params):
+        x = torch.tensor([prompt_ids], device=model.device)
+        sample = {"do_sample": False} if params.greedy else {
+            "do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or None}
+        if params.seed is not None:
+            torch.manual_seed(params.seed)
+        with torch.inference_mode():
+            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                                 pad_token_id=pad, **sample, **generate_kwargs)
+        return out[0, len(prompt_ids):].tolist(), 0.0, None
+    return Config(name, run)
+
+
+@dataclass
+class BenchResult:
+    command: str
+    machine: dict
+    settings: dict
+    records: list[RunRecord]
+    summary: dict
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float]
+    peak_rss_mb: float
+    wall_s: float
+    notes: list[str] = field(default_factory=list)
+
+
+def run_bench(configs: Sequence[Config], prompts: Sequence[dict], encode: Callable[[list[dict]], list[int]], *,
+              params, max_new_tokens: int, repeats: int, progress: bool = True, command: str = "",
+              machine: dict | None = None, settings: dict | None = None) -> BenchResult:
+    from tqdm import tqdm
+
+    start = time.perf_counter()
+    load_before = os.getloadavg()
+    encoded = [(p, encode(p["messages"])) for p in prompts]
+    # Warm-up: every configuration once on a short generation, so first-call costs are not measured.
+    for c in configs:
+        c.run(encoded[0][1], min(16, max_new_tokens), params)
+    records: list[RunRecord] = []
+    bar = tqdm(total=repeats * len(encoded) * len(configs), desc="bench", unit="run", file=sys.stderr,
+               disable=not progress)
+    for rep in range(repeats):
+        for i, (prompt, ids) in enumerate(encoded):
+            shift = (rep + i) % len(configs)
+            for c in [*configs[shift:], *configs[:shift]]:  # rotate: no configuration always runs first
+                # Sampling: the same seed for every configuration on a given prompt and repeat.
+                p = params if params.greedy else replace(params, seed=(params.seed or 0) + 1000 * rep + i)
+                t0 = time.perf_counter()
+                out, prefill_s, metrics = c.run(ids, max_new_tokens, p)
+                wall = time.perf_counter() - t0
+                records.append(RunRecord(c.name, prompt["id"], prompt["category"], rep, out, wall, prefill_s, metrics))
+                bar.update(1)
+    bar.close()
+    summary = summarise(records, greedy=params.greedy)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return BenchResult(command, machine or {}, settings or {}, records, summary, load_before, os.getloadavg(),
+                       peak, time.perf_counter() - start)
+
+
+# ---------------------------------------------------------------------------------------------- report
+
+def markdown(result: BenchResult) -> str:
+    s = result.summary
+    configs = list(s["configs"])
+    cats = [c for c in CATEGORIES if any(c in rows for rows in s["configs"].values())]
+    lines = [f"# edgespec bench", "", f"`{result.command}`", ""]
+    m = result.machine
+    if m:
+        lines.append(f"Machine: {m.get('cpu_model', '?')}, {m.get('cores_logical', '?')} cores, "
+                     f"{(m.get('memory_total') or 0) / 2**30:.0f} GiB, GPU: {', '.join(d['name'] for d in m.get('cuda_devices', [])) or 'none'}; "
+                     f"torch {m.get('torch')}, onnxruntime {m.get('onnxruntime')}")
+    st = result.settings
+    lines.append(f"Settings: {', '.join(f'{k}={v}' for k, v in st.items())}")
+    lines.append(f"Load average before/after: {result.load_before[0]:.2f} / {result.load_after[0]:.2f}; "
+                 f"peak RSS {result.peak_rss_mb:.0f} MiB; bench wall time {result.wall_s:.0f} s")
+    lines += ["", "## Overall", "",
+              "| config | tok/s | speed-up | tau | acceptance | acceptance per position | draft share | greedy mismatches |",
+              "|---|---:|---:|---:|---:|---|---:|---:|"]
+    for c in configs:
+        r = s["configs"][c].get("overall")
+        if not r:
+            continue
+        lines.append(f"| {c} | {r['tokens_per_s']:.2f} | {_x(r['speedup'])} | {_f(r['tau'])} | {_f(r['acceptance_rate'])} | "
+                     f"{' '.join(f'{a:.2f}' for a in r['acceptance_per_position']) or '-'} | {_f(r['draft_share'])} | {r['mismatches']} |")
+    lines += ["", "## Speed-up over target-only per category", "",
+              "| config | " + " | ".join(cats) + " |", "|---|" + "---:|" * len(cats)]
+    for c in configs:
+        rows = s["configs"][c]
+        lines.append(f"| {c} | " + " | ".join(_x(rows[k]["speedup"]) if k in rows else "-" for k in cats) + " |")
+    lines += ["", "## Tokens/s per category", "", "| config | " + " | ".join(cats) + " |", "|---|" + "---:|" * len(cats)]
+    for c in configs:
+        rows = s["configs"][c]
+        lines.append(f"| {c} | " + " | ".join(f"{rows[k]['tokens_per_s']:.2f}" if k in rows else "-" for k in cats) + " |")
+    if result.settings.get("greedy"):
+        lines += [""]
+        if s["mismatches"]:
+            lines.append(f"**GREEDY MISMATCHES: {len(s['mismatches'])}** (output differs from target-only):")
+            for mm in s["mismatches"]:
+                lines.append(f"- {mm['config']} on {mm['prompt_id']}: first difference at generated token {mm['first_difference']}")
+        else:
+            lines.append("Greedy check: every output equals target-only's, token for token.")
+    for n in result.notes:
+        lines.append(f"- note: {n}")
+    return "\n".join(lines) + "\n"
+
+
+def _x(v):
+    return f"{v:.2f}x" if v is not None else "-"
+
+
+def _f(v):
+    return f"{v:.2f}" if v is not None else "-"
+
+
+def chart(result: BenchResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    s = result.summary
+    configs = [c for c in s["configs"] if c != TARGET_ONLY]
+    cats = [c for c in CATEGORIES if any(c in rows for rows in s["configs"].values())] + ["overall"]
+    fig, ax = plt.subplots(figsize=(max(8, 1.2 * len(cats)), 4.5))
+    width = 0.8 / max(len(configs), 1)
+    for i, c in enumerate(configs):
+        vals = [s["configs"][c].get(k, {}).get("speedup") or 0 for k in cats]
+        ax.bar([j + i * width for j in range(len(cats))], vals, width, label=c)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(cats))], cats, rotation=20)
+    ax.set_ylabel("speed-up over target-only")
+    ax.set_title(result.settings.get("title", "edgespec bench"))
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(result: BenchResult, out_dir: Path, stem: str) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out_dir / f"{stem}.json", "md": out_dir / f"{stem}.md", "png": out_dir / f"{stem}.png"}
+    data = asdict(result)
+    paths["json"].write_text(json.dumps(data, indent=1))
+    paths["md"].write_text(markdown(result))
+    chart(result, paths["png"])
+    return paths
+
+
+def command_line() -> str:
+    return "edgespec " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def machine_description() -> dict:
+    from .hardware import describe
+
+    d = describe().to_dict()
+    d["platform"] = platform.platform()
+    return d
