@@ -1,0 +1,239 @@
+"""The ONNX Runtime backend of the `CausalLM` contract: a decoder exported by onnxruntime-genai's builder.
+
+`OnnxLM` wraps one plain `onnxruntime.InferenceSession` over a directory written by
+`edgespec.convert.hf_to_onnx` (`model.onnx`, its external data, `genai_config.json`) and owns the KV cache
+as one preallocated buffer per layer that the graph updates in place, so a rollback is only a length.
+It does not use onnxruntime-genai's generator (which owns its cache and cannot crop it to an arbitrary
+length), it runs batch 1 only, and it knows nothing about tokenizers, sampling or speculation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import EdgespecError
+
+# The builder's I/O names; genai_config.json may spell them out, and then we read them from there.
+_PAST_KEY, _PAST_VALUE = "past_key_values.%d.key", "past_key_values.%d.value"
+_PRESENT_KEY, _PRESENT_VALUE = "present.%d.key", "present.%d.value"
+_MIN_CAPACITY = 256  # KV positions allocated at first; the buffer doubles from there as the chat grows
+_ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
+
+
+def _ort_errors() -> tuple[type[BaseException], ...]:
+    """The exceptions onnxruntime raises for a model it cannot load (they derive from Exception directly)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    names = ("Fail", "InvalidArgument", "InvalidGraph", "InvalidProtobuf", "NoSuchFile", "NoModel",
+             "NotImplemented", "RuntimeException", "EngineError")
+    return tuple(getattr(state, n) for n in names if hasattr(state, n))
+
+
+def default_threads() -> int:
+    """The cores this process may run on (respects taskset and cgroup cpusets, unlike os.cpu_count())."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+class OnnxLM:
+    """A decoder-only ONNX model (input_ids, attention_mask, past KV -> logits, present KV) and its cache.
+
+    `threads` sets ORT's intra-op pool (default: every core this process may use); `device` is "cpu" or
+    "cuda" (ORT's CUDA execution provider, which must be installed: onnxruntime-gpu).
+    """
+
+    def __init__(self, onnx_dir: Path | str, *, threads: int | None = None, device: str = "cpu",
+                 name: str = "model"):
+        import onnxruntime as ort  # local: keep `import edgespec` light
+
+        onnx_dir = Path(onnx_dir)
+        fix = f"delete {onnx_dir} and run `edgespec prepare` again"
+        genai = _read_genai_config(onnx_dir, fix)
+        model_cfg = genai["model"]
+        decoder = model_cfg.get("decoder", {})
+        model_path = onnx_dir / decoder.get("filename", "model.onnx")
+        if not model_path.is_file():
+            raise EdgespecError(f"{model_path} is missing; {fix}")
+        if not genai.get("search", {}).get("past_present_share_buffer", False):
+            # Our cache relies on GroupQueryAttention updating a shared past/present buffer in place.
+            raise EdgespecError(f"{model_path} was not exported with an in-place KV cache; {fix}")
+
+        if device == "cuda":
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise EdgespecError(
+                    "onnxruntime has no CUDA execution provider here; install onnxruntime-gpu or use device='cpu'"
+                )
+            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        elif device == "cpu":
+            providers = ["CPUExecutionProvider"]
+        else:
+            raise EdgespecError(f"unknown ONNX Runtime device {device!r}; use 'cpu' or 'cuda'")
+
+        options = ort.SessionOptions()
+        self.threads = int(threads or default_threads())
+        options.intra_op_num_threads = self.threads
+        # The decoder graph is one chain of ops: a second pool would only contend for the same cores.
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3  # ORT warns about unused initializers in builder graphs: noise
+        try:
+            self.session = ort.InferenceSession(str(model_path), options, providers=providers)
+        except _ort_errors() as e:
+            lines = str(e).strip().splitlines()
+            reason = lines[0][:200] if lines else type(e).__name__
+            raise EdgespecError(f"cannot load {model_path} ({reason}); {fix}") from e
+
+        in_names = decoder.get("inputs", {})
+        out_names = decoder.get("outputs", {})
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        outputs = {o.name: o for o in self.session.get_outputs()}
+        self._input_ids = in_names.get("input_ids", "input_ids")
+        self._attention_mask = in_names.get("attention_mask", "attention_mask")
+        self._position_ids = in_names.get("position_ids", "position_ids")
+        self._has_position_ids = self._position_ids in inputs
+        self._logits = out_names.get("logits", "logits")
+        past_key = in_names.get("past_key_names", _PAST_KEY)
+        past_value = in_names.get("past_value_names", _PAST_VALUE)
+        present_key = out_names.get("present_key_names", _PRESENT_KEY)
+        present_value = out_names.get("present_value_names", _PRESENT_VALUE)
+        layers = 0
+        while past_key % layers in inputs:
+            layers += 1
+        self._past_names = [p % i for i in range(layers) for p in (past_key, past_value)]
+        self._present_names = [p % i for i in range(layers) for p in (present_key, present_value)]
+        expected = [self._input_ids, self._attention_mask, *self._past_names]
+        if layers == 0 or any(n not in inputs for n in expected) or self._logits not in outputs \
+                or any(n not in outputs for n in self._present_names):
+            raise EdgespecError(f"{model_path} is not a decoder with a KV cache that edgespec can drive; {fix}")
+
+        past = inputs[self._past_names[0]]
+        self._kv_dtype = _ORT_DTYPES.get(past.type)
+        if self._kv_dtype is None:
+            raise EdgespecError(f"{model_path} has a {past.type} KV cache, which edgespec cannot hold; {fix}")
+        # The head dim is symbolic ("kv_cache_dim") in builder exports, so the config is the reliable source.
+        kv_heads = past.shape[1] if isinstance(past.shape[1], int) else decoder.get("num_key_value_heads")
+        head_dim = past.shape[3] if isinstance(past.shape[3], int) else decoder.get("head_size")
+        vocab = outputs[self._logits].shape[-1]
+        vocab = vocab if isinstance(vocab, int) else model_cfg.get("vocab_size")
+        context = model_cfg.get("context_length") or genai.get("search", {}).get("max_length")
+        if not all(isinstance(v, int) for v in (kv_heads, head_dim, vocab, context)):
+            raise EdgespecError(f"{onnx_dir / 'genai_config.json'} lacks the model's shape; {fix}")
+        self._kv_heads, self._head_dim = kv_heads, head_dim
+
+        self.vocab_size = vocab
+        self.max_context = context
+        self.eos_token_ids = _as_list(model_cfg.get("eos_token_id"))
+        self.device = device
+        precision = _read_manifest(onnx_dir).get("precision", "onnx")
+        self.description = f"{name} onnxruntime {device} {precision}"
+
+        self._ort = ort
+        self._binding = self.session.io_binding()
+        # Bound first so it stays output 0: get_outputs() lists outputs in the order they were first bound.
+        self._binding.bind_output(self._logits, "cpu")
+        # CPU OrtValues made from numpy borrow its memory: the arrays stay referenced here.
+        self._kv_arrays: list[np.ndarray] = []
+        self._kv_values: list = []
+        self._capacity = 0
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def reset(self) -> None:
+        self._length = 0
+
+    def feed(self, ids: list[int], logits_for: int) -> torch.Tensor:
+        if not ids:
+            return torch.empty(0, self.vocab_size)
+        n = len(ids)
+        if not 0 <= logits_for <= n:
+            raise ValueError(f"logits_for={logits_for} must be between 0 and {n}")
+        total = self._length + n
+        if total > self.max_context:
+            raise ValueError(f"{total} tokens exceed the model's context of {self.max_context}")
+        self._reserve(total)
+        io = self._binding
+        io.bind_cpu_input(self._input_ids, np.asarray([ids], dtype=np.int64))
+        # GroupQueryAttention takes the past length from the mask (its sum minus n) and never reads the
+        # buffer beyond it, so the mask is all ones and exactly as long as the real sequence.
+        io.bind_cpu_input(self._attention_mask, np.ones((1, total), dtype=np.int64))
+        if self._has_position_ids:
+            io.bind_cpu_input(self._position_ids, np.arange(self._length, total, dtype=np.int64)[None, :])
+        io.bind_output(self._logits, "cpu")  # bound again each step because its shape follows n
+        self.session.run_with_iobinding(io)
+        self._length = total
+        if logits_for == 0:
+            return torch.empty(0, self.vocab_size)
+        logits = io.get_outputs()[0].numpy()
+        return torch.from_numpy(np.ascontiguousarray(logits[0, n - logits_for:], dtype=np.float32))
+
+    def crop(self, length: int) -> None:
+        if not 0 <= length <= self._length:
+            raise ValueError(f"cannot crop a cache of {self._length} tokens to {length}")
+        # What lies past `length` is stale but never read again, and the next step overwrites it.
+        self._length = length
+
+    def _reserve(self, total: int) -> None:
+        """Make the KV buffers hold at least `total` positions, keeping the cached ones.
+
+        Each past input and its present output are bound to the same buffer, which GroupQueryAttention
+        then updates in place: a step copies nothing and a crop is free. Measured on SmolLM2-135M INT4,
+        1 thread, 4000 cached tokens: 22 ms a step this way, 34 ms when ORT concatenates past and new
+        into a fresh present, and 123 ms when a rollback also has to copy the kept slice.
+        """
+        if total <= self._capacity:
+            return
+        capacity = min(self.max_context, max(total, 2 * self._capacity, _MIN_CAPACITY))
+        arrays, values = [], []
+        for i in range(len(self._past_names)):
+            array = np.zeros((1, self._kv_heads, capacity, self._head_dim), dtype=self._kv_dtype)
+            if self._length:
+                old = self._kv_arrays[i] if self.device == "cpu" else self._kv_values[i].numpy()
+                array[:, :, :self._length] = old[:, :, :self._length]
+            if self.device == "cpu":
+                arrays.append(array)
+                values.append(self._ort.OrtValue.ortvalue_from_numpy(array))
+            else:
+                # Growing a GPU buffer goes through host memory; it happens a handful of times a session.
+                values.append(self._ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0))
+        self._kv_arrays, self._kv_values = arrays, values
+        for past, present, value in zip(self._past_names, self._present_names, values):
+            self._binding.bind_ortvalue_input(past, value)
+            self._binding.bind_ortvalue_output(present, value)
+        self._capacity = capacity
+
+
+def _read_genai_config(onnx_dir: Path, fix: str) -> dict:
+    path = onnx_dir / "genai_config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise EdgespecError(f"{path} is missing, so {onnx_dir} is not a converted model; {fix}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise EdgespecError(f"{path} is unreadable ({type(e).__name__}); {fix}") from e
+    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+        raise EdgespecError(f"{path} has no 'model' section; {fix}")
+    return config
+
+
+def _read_manifest(onnx_dir: Path) -> dict:
+    """What `edgespec.convert` recorded about this export (precision, options); {} for a foreign dir."""
+    try:
+        data = json.loads((onnx_dir / "edgespec-convert.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _as_list(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, list) else [int(value)]
