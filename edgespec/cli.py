@@ -26,8 +26,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pair", default=None, help="model pair from models/ (default: smollm2-135m, the embedded one)")
     p.add_argument("--target", default=None, help="target instead of a pair: checkpoint dir, .gguf file or ONNX dir")
     p.add_argument("--draft", default=None,
-                   help="int4 (draft model under ONNX Runtime), torch, ngram (prompt lookup), none, or a draft checkpoint path")
-    p.add_argument("--draft-backend", default="int4", choices=["int4", "torch"], help="how a draft given as a path runs")
+                   help="int4 / int8 (draft model under ONNX Runtime), torch, ngram (prompt lookup), none, or a draft checkpoint path")
+    p.add_argument("--draft-backend", default="int4", choices=["int4", "int8", "torch"], help="how a draft given as a path runs")
     p.add_argument("--target-backend", default="auto", help="auto (torch on CUDA, ONNX Runtime on CPU), torch or onnx")
     p.add_argument("--target-device", "--device", dest="target_device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--draft-device", default="cpu", help="cpu, cuda or cuda:N")
@@ -41,10 +41,6 @@ def runtime_spec(args: argparse.Namespace):
     return RuntimeSpec(pair=args.pair, target=args.target, draft=args.draft, draft_backend=args.draft_backend,
                        target_backend=args.target_backend, target_device=args.target_device,
                        draft_device=args.draft_device, dtype=args.dtype, threads=args.threads)
-
-
-def stderr_progress(line: str) -> None:
-    print(f"edgespec: {line}", file=sys.stderr, flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="measure speed-ups on the bench prompt set against target-only and transformers")
     add_model_options(b)
-    b.add_argument("--drafters", default=None, help="comma list of int4, torch, ngram (default: the pair's drafters)")
+    b.add_argument("--drafters", default=None, help="comma list of int4, int8, torch, ngram (default: the pair's drafters)")
     b.add_argument("--k", default="0,2,4,6,8,auto", help="comma list of K values and/or auto")
     b.add_argument("--categories", default=None, help="comma list of categories (default: all)")
     b.add_argument("--quick", action="store_true", help="one prompt per category, 48 tokens, K 3 and auto (about 2 min)")
@@ -105,7 +101,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.no_spec:
         args.draft = "none"
     policy = FixedK(0 if args.no_spec else args.k)
-    rt = build_runtime(runtime_spec(args), progress=stderr_progress if not args.json else (lambda _: None))
+    rt = build_runtime(runtime_spec(args), progress=None if not args.json else (lambda _: None))
     engine, tokenizer = rt.engine, rt.tokenizer
     prompt_ids = encode_prompt(tokenizer, args.prompt, chat=args.chat, system=args.system)
 
@@ -156,12 +152,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     wanted = args.drafters.split(",") if args.drafters else None
     for name in wanted or []:
-        if name not in ("int4", "torch", "ngram"):
-            raise EdgespecError(f"unknown drafter {name!r} in --drafters; use some of int4, torch, ngram")
-    model_drafter = next((d for d in (wanted or ["int4"]) if d in ("int4", "torch")), None)
-    if args.draft is None or args.draft in ("int4", "torch", "ngram", "none"):
+        if name not in ("int4", "int8", "torch", "ngram"):
+            raise EdgespecError(f"unknown drafter {name!r} in --drafters; use some of int4, int8, torch, ngram")
+    model_drafter = next((d for d in (wanted or ["int4"]) if d in ("int4", "int8", "torch")), None)
+    if args.draft is None or args.draft in ("int4", "int8", "torch", "ngram", "none"):
         args.draft = model_drafter or "none"
-    rt = build_runtime(runtime_spec(args), progress=stderr_progress)
+    rt = build_runtime(runtime_spec(args), progress=None)
     wanted = wanted or ([rt.drafter_name] if rt.drafter_name not in ("none", "ngram") else []) + ["ngram"]
     target = rt.engine.target
     drafters = {}
@@ -172,6 +168,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             drafters[name] = rt.engine.drafter
         elif name == "torch" and (rt.draft_hf_dir or rt.target_hf_dir):
             drafters[name] = TorchDrafter(load_causal_lm(rt.draft_hf_dir or rt.target_hf_dir))
+        elif name in ("int4", "int8") and (rt.draft_hf_dir or rt.target_hf_dir):
+            from .convert import hf_to_onnx
+            from .drafters import ModelDrafter
+            from .onnx_lm import OnnxLM
+
+            onnx_dir = hf_to_onnx(rt.draft_hf_dir or rt.target_hf_dir, precision=name)
+            drafters[name] = ModelDrafter(OnnxLM(onnx_dir, threads=args.threads, name="draft"), name=name)
     eos = rt.engine.eos_token_ids
     configs = [bench.engine_config(bench.TARGET_ONLY, SpeculativeEngine(target, None, eos_token_ids=eos), lambda: FixedK(0))]
     for name, drafter in drafters.items():
@@ -225,17 +228,12 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 def add_chat_parser(sub) -> None:
     c = sub.add_parser("chat", help="chat in the terminal, with the speculation shown as it happens")
-    c.add_argument("--pair", default="smollm2-135m", help="model pair to use (default: smollm2-135m)")
-    c.add_argument("--target", default=None, help="target checkpoint dir or .gguf (overrides the pair's target)")
-    c.add_argument("--draft", default=None, help="draft checkpoint dir, 'ngram' or 'none' (overrides the pair's draft)")
+    add_model_options(c)
     c.add_argument("--k", default="auto", help="tokens drafted per round: auto (default) or 0..16 (0 = no speculation)")
     c.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     c.add_argument("--top-p", type=float, default=1.0)
     c.add_argument("--max-new-tokens", type=int, default=512)
     c.add_argument("--system", default=None, help="system prompt")
-    c.add_argument("--target-device", default="cpu", help="target device: cpu, cuda or cuda:N")
-    c.add_argument("--draft-device", default="cpu", help="draft model device: cpu, cuda or cuda:N")
-    c.add_argument("--dtype", default="auto", help="auto (fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     c.add_argument("--resume", nargs="?", const="", default=None, metavar="ID",
                    help="continue a saved chat (no ID: the latest); see --list")
     c.add_argument("--list", action="store_true", help="list saved chats (id, date, first message) and exit")
@@ -246,7 +244,13 @@ def add_chat_parser(sub) -> None:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     # tui imports edgespec, never the reverse: only this function knows it exists.
-    from tui.history import CorruptChat, format_chat_list, latest_chat_id, list_chats, load_chat
+    from tui.history import (
+        CorruptChat,
+        format_chat_list,
+        latest_chat_id,
+        list_chats,
+        load_chat,
+    )
     from tui.settings import parse_settings
 
     if args.list:

@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import EdgespecError
+from .progress import report
 from .paths import cache_dir
 
 MANIFEST = "edgespec-convert.json"
@@ -399,7 +400,7 @@ def _write_json_atomic(path: Path, data: dict) -> None:
 
 
 def _note(message: str) -> None:
-    print(f"edgespec: {message}", file=sys.stderr, flush=True)
+    report(message)
 
 
 @contextmanager

@@ -81,6 +81,10 @@ class OnnxLM:
         options.intra_op_num_threads = self.threads
         # The decoder graph is one chain of ops: a second pool would only contend for the same cores.
         options.inter_op_num_threads = 1
+        if os.environ.get("EDGESPEC_ORT_SPIN", "0") != "1":
+            # Draft and target sessions take turns on the same cores: a pool that spin-waits after its run
+            # steals the cores the other session needs next.
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3  # ORT warns about unused initializers in builder graphs: noise
         try:
             self.session = ort.InferenceSession(str(model_path), options, providers=providers)

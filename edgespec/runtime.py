@@ -17,7 +17,7 @@ from .errors import EdgespecError
 
 DEFAULT_PAIR = "smollm2-135m"
 TARGET_BACKENDS = ("auto", "torch", "onnx")
-DRAFTERS = ("int4", "torch", "ngram", "none")
+DRAFTERS = ("int4", "int8", "torch", "ngram", "none")
 
 
 @dataclass
@@ -25,7 +25,7 @@ class RuntimeSpec:
     pair: str | None = None  # manifest name or path; default DEFAULT_PAIR unless `target` is given
     target: str | None = None  # a checkpoint dir, .gguf file or ONNX dir instead of the pair's target
     draft: str | None = None  # a drafter name (int4, torch, ngram, none) or a draft checkpoint path
-    draft_backend: str = "int4"  # how a draft given as a path runs: int4 (ONNX Runtime) or torch
+    draft_backend: str = "int4"  # how a draft given as a path runs: int4 / int8 (ONNX Runtime) or torch
     target_backend: str = "auto"
     target_device: str = "auto"
     draft_device: str = "cpu"
@@ -47,7 +47,17 @@ class Runtime:
     notes: list[str] = field(default_factory=list)
 
 
-def build_runtime(spec: RuntimeSpec, progress: Callable[[str], None] = lambda _: None) -> Runtime:
+def build_runtime(spec: RuntimeSpec, progress: Callable[[str], None] | None = None) -> Runtime:
+    """Resolve, convert (first run only), validate and load; progress lines go to `progress` (default stderr)."""
+    from .progress import report, reporting_to
+
+    if progress is None:
+        return _build_runtime(spec, report)
+    with reporting_to(progress):
+        return _build_runtime(spec, progress)
+
+
+def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtime:
     from .drafters import ModelDrafter, NgramDrafter
     from .engine import SpeculativeEngine
     from .hardware import check_device
@@ -83,8 +93,8 @@ def build_runtime(spec: RuntimeSpec, progress: Callable[[str], None] = lambda _:
     drafter_name = spec.draft or (manifest.default_drafters[0] if manifest else "ngram")
     draft_path = None
     if drafter_name not in DRAFTERS:
-        if spec.draft_backend not in ("int4", "torch"):
-            raise EdgespecError(f"unknown draft backend {spec.draft_backend!r}; use int4 or torch")
+        if spec.draft_backend not in ("int4", "int8", "torch"):
+            raise EdgespecError(f"unknown draft backend {spec.draft_backend!r}; use int4, int8 or torch")
         draft_path, drafter_name = drafter_name, spec.draft_backend
     drafter = None
     draft_description = None
@@ -92,7 +102,7 @@ def build_runtime(spec: RuntimeSpec, progress: Callable[[str], None] = lambda _:
     if drafter_name == "ngram":
         drafter = NgramDrafter()
         draft_description = drafter.description
-    elif drafter_name in ("int4", "torch"):
+    elif drafter_name in ("int4", "int8", "torch"):
         if draft_path is not None:
             draft_source = _local_model(draft_path, progress)
         elif manifest is not None:
@@ -103,7 +113,7 @@ def build_runtime(spec: RuntimeSpec, progress: Callable[[str], None] = lambda _:
         if draft_source.hf_dir is not None and draft_source.hf_dir != target_source.hf_dir:
             validate_pair(target_source.hf_dir or target_source.onnx_dir, draft_source.hf_dir, tokenizer)
         draft_backend = "torch" if drafter_name == "torch" else "onnx"
-        draft_lm = _build_lm(draft_source, draft_backend, draft_device, spec, "int4", "draft", progress)
+        draft_lm = _build_lm(draft_source, draft_backend, draft_device, spec, drafter_name, "draft", progress)
         drafter = ModelDrafter(draft_lm, name=drafter_name)
         draft_description = draft_lm.description
 
@@ -148,7 +158,6 @@ def _model_dir(model, progress) -> _Source:
 
     path = resolve_model(model)
     if model.format == "gguf":
-        progress("converting GGUF to a transformers checkpoint (first run only)")
         return _Source(hf_dir=gguf_to_hf(path, sha256=model.source.sha256))
     if model.format == "onnx":
         return _Source(onnx_dir=path if path.is_dir() else path.parent)
@@ -161,7 +170,6 @@ def _local_model(path: str, progress) -> _Source:
 
     p = Path(path).expanduser()
     if p.is_file() and p.suffix == ".gguf":
-        progress(f"converting {p.name} to a transformers checkpoint (first run only)")
         return _Source(hf_dir=gguf_to_hf(p))
     if p.is_dir() and (p / "genai_config.json").is_file():
         return _Source(onnx_dir=p)
@@ -183,7 +191,6 @@ def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onn
 
     onnx_dir = source.onnx_dir
     if onnx_dir is None:
-        progress(f"exporting the {role} to ONNX {onnx_precision} (first run only)")
         onnx_dir = hf_to_onnx(source.hf_dir, precision=onnx_precision)
     return OnnxLM(onnx_dir, threads=spec.threads, device="cuda" if device.startswith("cuda") else "cpu", name=role)
 

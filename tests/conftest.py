@@ -17,9 +17,9 @@ def tiny_target():
 def tiny_checkpoints(tmp_path_factory):
     """A target checkpoint dir, a close draft, a foreign draft with a different vocabulary, on disk."""
     root = tmp_path_factory.mktemp("ckpt")
-    target = tiny_llama(vocab_size=96, seed=0)
+    target = tiny_llama(vocab_size=96, seed=0, max_pos=2048)  # room for the bench prompts (one token a char)
     return {
         "target": save_tiny_checkpoint(root / "target", target),
         "draft": save_tiny_checkpoint(root / "draft", perturbed(target, 0.3)),
-        "other_vocab": save_tiny_checkpoint(root / "other", tiny_llama(vocab_size=128, seed=5)),
+        "other_vocab": save_tiny_checkpoint(root / "other", tiny_llama(vocab_size=128, seed=5, max_pos=2048)),
     }

@@ -102,7 +102,7 @@ def test_error_not_decoder_only(tmp_path):
 
 
 def test_error_prompt_longer_than_context(tiny_checkpoints):
-    code, _, err = run_cli("generate", "--target", str(tiny_checkpoints["target"]), "--prompt", "a" * 400)
+    code, _, err = run_cli("generate", "--target", str(tiny_checkpoints["target"]), "--prompt", "a" * 2100)
     one_line_error(code, err, "context")
 
 

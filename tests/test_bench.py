@@ -1,0 +1,119 @@
+"""`edgespec bench`: the report maths on synthetic records, a quick run on tiny models, and its errors."""
+
+import json
+
+import pytest
+
+from edgespec import bench
+from edgespec.bench import TARGET_ONLY, RunRecord, first_difference, median, summarise
+from edgespec.cli import main
+from edgespec.errors import EdgespecError
+
+
+def rec(config, pid, cat, rep, n_tokens, wall, metrics=None, ids=None, prefill=0.0):
+    return RunRecord(config, pid, cat, rep, ids if ids is not None else list(range(n_tokens)), wall, prefill, metrics)
+
+
+def m(drafted, accepted, forwards, emitted, per_d, per_a, draft_ms=10.0, verify_ms=30.0):
+    return {"num_draft_tokens": drafted, "num_accepted_tokens": accepted, "num_target_forwards": forwards,
+            "num_emitted_tokens": emitted, "drafted_per_position": per_d, "accepted_per_position": per_a,
+            "draft_ms": draft_ms, "verify_ms": verify_ms}
+
+
+def test_median_and_first_difference():
+    assert median([3, 1, 2]) == 2
+    assert median([4, 1, 2, 3]) == 2.5
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2], [1, 2, 3]) == 2
+    with pytest.raises(ValueError):
+        median([])
+
+
+def test_summary_speedup_tau_acceptance():
+    spec_m = m(drafted=8, accepted=6, forwards=4, emitted=10, per_d=[4, 4], per_a=[4, 2])
+    records = [
+        # target-only: 10 tokens in 1.0 s (median of 0.9, 1.0, 5.0: the outlier is ignored)
+        rec(TARGET_ONLY, "p1", "code", 0, 10, 0.9), rec(TARGET_ONLY, "p1", "code", 1, 10, 1.0),
+        rec(TARGET_ONLY, "p1", "code", 2, 10, 5.0),
+        rec("int4@2", "p1", "code", 0, 10, 0.5, spec_m), rec("int4@2", "p1", "code", 1, 10, 0.4, spec_m),
+        rec("int4@2", "p1", "code", 2, 10, 0.6, spec_m),
+    ]
+    s = summarise(records, greedy=True)
+    row = s["configs"]["int4@2"]["code"]
+    assert row["tokens_per_s"] == pytest.approx(20.0)
+    assert row["speedup"] == pytest.approx(2.0)
+    assert row["tau"] == pytest.approx(10 / 4)
+    assert row["acceptance_rate"] == pytest.approx(6 / 8)
+    assert row["acceptance_per_position"] == [1.0, 0.5]
+    assert row["draft_share"] == pytest.approx(0.25)
+    assert s["configs"][TARGET_ONLY]["overall"]["speedup"] == pytest.approx(1.0)
+    assert s["mismatches"] == []
+
+
+def test_summary_totals_weigh_long_answers_and_flag_mismatch():
+    records = [
+        rec(TARGET_ONLY, "a", "qa", 0, 10, 1.0, ids=list(range(10))), rec(TARGET_ONLY, "b", "rag", 0, 30, 1.0),
+        rec("ngram@4", "a", "qa", 0, 10, 0.5, ids=[0, 1, 9, 3, 4, 5, 6, 7, 8, 9]), rec("ngram@4", "b", "rag", 0, 30, 3.0),
+    ]
+    s = summarise(records, greedy=True)
+    overall = s["configs"]["ngram@4"]["overall"]
+    # total tokens over total time: 40 tokens / 3.5 s vs target-only 40 / 2.0
+    assert overall["tokens_per_s"] == pytest.approx(40 / 3.5)
+    assert overall["speedup"] == pytest.approx((40 / 3.5) / 20)
+    assert s["mismatches"] == [{"config": "ngram@4", "prompt_id": "a", "first_difference": 2}]
+    assert s["configs"]["ngram@4"]["qa"]["mismatches"] == 1 and s["configs"]["ngram@4"]["rag"]["mismatches"] == 0
+    assert summarise(records, greedy=False)["mismatches"] == []  # sampling outputs are not compared
+
+
+def test_prompt_set_filters():
+    assert len(bench.load_prompts(quick=True)) == len(bench.CATEGORIES)
+    assert {p["category"] for p in bench.load_prompts(["code", "rag"])} == {"code", "rag"}
+
+
+@pytest.mark.parametrize("bad,needle", [(["poetry"], "unknown bench category")])
+def test_unknown_category(bad, needle):
+    with pytest.raises(EdgespecError, match=needle):
+        bench.load_prompts(bad)
+
+
+@pytest.mark.parametrize("text", ["0,99", "-1", "two"])
+def test_bad_k_list(text):
+    with pytest.raises(EdgespecError):
+        bench.parse_ks(text)
+
+
+def quick_args(ckpts, out):
+    return ["bench", "--target", str(ckpts["target"]), "--draft", str(ckpts["draft"]), "--target-backend", "torch",
+            "--draft-backend", "torch", "--quick", "--categories", "code,rag,qa", "--max-new-tokens", "12",
+            "--k", "2,auto", "--out", str(out)]
+
+
+def test_quick_run_writes_reports(tiny_checkpoints, tmp_path, capsys):
+    assert main(quick_args(tiny_checkpoints, tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert "Greedy check: every output equals target-only's" in out
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert [f.rsplit(".", 1)[1] for f in files] == ["json", "md", "png"]
+    data = json.loads((tmp_path / files[0]).read_text())
+    configs = set(data["summary"]["configs"])
+    assert {TARGET_ONLY, "torch@2", "torch@auto", "ngram@2", "hf-assisted", "hf-assisted@4", "hf-prompt-lookup@4"} <= configs
+    assert data["summary"]["mismatches"] == []
+    assert (tmp_path / files[2]).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_quick_run_flags_injected_greedy_mismatch(tiny_checkpoints, tmp_path, capsys, monkeypatch):
+    import edgespec.engine as engine_mod
+    from edgespec.verify import Verdict
+
+    # A broken rule that accepts every draft: speculative outputs now differ from target-only.
+    monkeypatch.setattr(engine_mod, "verify_greedy", lambda draft, logits: Verdict(len(draft), int(logits[-1].argmax())))
+    assert main(quick_args(tiny_checkpoints, tmp_path) + ["--no-anchors"]) == 1
+    out = capsys.readouterr().out
+    assert "GREEDY MISMATCHES" in out and "first difference at generated token" in out
+
+
+def test_unknown_drafter_is_one_line_error(tiny_checkpoints, tmp_path, capsys):
+    assert main(quick_args(tiny_checkpoints, tmp_path) + ["--drafters", "magic"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown drafter 'magic'" in err
