@@ -38,9 +38,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 def runtime_spec(args: argparse.Namespace):
     from .runtime import RuntimeSpec
 
-    return RuntimeSpec(pair=args.pair, target=args.target, draft=args.draft, draft_backend=args.draft_backend,
-                       target_backend=args.target_backend, target_device=args.target_device,
-                       draft_device=args.draft_device, dtype=args.dtype, threads=args.threads)
+    return RuntimeSpec.from_args(args)
 
 
 def build_parser() -> argparse.ArgumentParser:

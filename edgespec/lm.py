@@ -56,7 +56,7 @@ class TorchLM:
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
-        self.description = f"{name} torch {self.device.type} {str(self.dtype).removeprefix('torch.')}"
+        self.description = f"torch {self.device.type} {str(self.dtype).removeprefix('torch.')}"
         self._cache = None
         self._length = 0
 

@@ -135,7 +135,7 @@ class OnnxLM:
         self.eos_token_ids = _as_list(model_cfg.get("eos_token_id"))
         self.device = device
         precision = _read_manifest(onnx_dir).get("precision", "onnx")
-        self.description = f"{name} onnxruntime {device} {precision}"
+        self.description = f"onnxruntime {device} {precision}"
 
         self._ort = ort
         self._binding = self.session.io_binding()

@@ -32,6 +32,13 @@ class RuntimeSpec:
     dtype: str = "auto"
     threads: int | None = None  # ONNX Runtime intra-op threads per session (default: all cores)
 
+    @classmethod
+    def from_args(cls, args) -> RuntimeSpec:
+        """From the CLI's shared model options (`edgespec.cli.add_model_options`)."""
+        return cls(pair=args.pair, target=args.target, draft=args.draft, draft_backend=args.draft_backend,
+                   target_backend=args.target_backend, target_device=args.target_device,
+                   draft_device=args.draft_device, dtype=args.dtype, threads=args.threads)
+
 
 @dataclass
 class Runtime:
@@ -86,6 +93,7 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
     else:
         target_source = _local_model(spec.target, progress)
         onnx_precision = "fp32"
+    target_label = _label(manifest.target if manifest else None, spec.target)
     tokenizer = load_tokenizer(target_source.hf_dir or target_source.onnx_dir)
     target_lm = _build_lm(target_source, backend, target_device, spec, onnx_precision, "target", progress)
 
@@ -115,13 +123,14 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
         draft_backend = "torch" if drafter_name == "torch" else "onnx"
         draft_lm = _build_lm(draft_source, draft_backend, draft_device, spec, drafter_name, "draft", progress)
         drafter = ModelDrafter(draft_lm, name=drafter_name)
-        draft_description = draft_lm.description
+        draft_label = _label(manifest.draft_model if manifest and draft_path is None else None, draft_path)
+        draft_description = f"{draft_label} · {draft_lm.description}"
 
     eos = _eos_ids(target_source, tokenizer)
     progress("ready")
     engine = SpeculativeEngine(_target(target_lm), drafter, eos_token_ids=eos)
     draft_hf = draft_source.hf_dir if draft_source is not None else None
-    return Runtime(engine, tokenizer, target_lm.description, draft_description,
+    return Runtime(engine, tokenizer, f"{target_label} · {target_lm.description}", draft_description,
                    manifest.name if manifest else None, drafter_name,
                    target_hf_dir=target_source.hf_dir, draft_hf_dir=draft_hf, target_backend=backend)
 
@@ -195,6 +204,13 @@ def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onn
     return OnnxLM(onnx_dir, threads=spec.threads, device="cuda" if device.startswith("cuda") else "cpu", name=role)
 
 
+def _label(model, path: str | None) -> str:
+    """A short model name for status lines: the upstream repo's last part, or the path's name."""
+    if model is not None and model.upstream:
+        return model.upstream.rsplit("/", 1)[-1]
+    return Path(path).name if path else "model"
+
+
 def _target(lm):
     from .target import ModelTarget
 
@@ -213,3 +229,20 @@ def _eos_ids(source: _Source, tokenizer) -> list[int]:
     if tokenizer.eos_token_id is not None:
         ids.add(tokenizer.eos_token_id)
     return sorted(ids)
+
+
+def build_session(args, progress: Callable[[str], None] | None = None):
+    """A `ChatSession` for `edgespec chat`: the runtime from the CLI's model options, and K from the
+    per-turn settings (`auto` = one adaptive policy kept across turns, so what it learnt about this machine's
+    latencies carries over from one answer to the next)."""
+    from .policy import AdaptiveK, FixedK, check_k
+    from .session import ChatSession
+
+    rt = build_runtime(RuntimeSpec.from_args(args), progress)
+    adaptive = AdaptiveK()
+
+    def policy_for(settings):
+        return adaptive if settings.k == "auto" else FixedK(check_k(int(settings.k)))
+
+    return ChatSession(rt.engine, rt.tokenizer, target_description=rt.target_description,
+                       draft_description=rt.draft_description, policy_factory=policy_for)

@@ -1,7 +1,13 @@
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# Tests never write chat history into the user's data dir. The model cache is shared on purpose (the real
+# SmolLM2 download and conversions are reused across runs); point EDGESPEC_CACHE elsewhere to isolate it.
+os.environ["EDGESPEC_DATA"] = tempfile.mkdtemp(prefix="edgespec-test-data-")
 
 sys.path.insert(0, str(Path(__file__).parent))
 

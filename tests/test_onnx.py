@@ -359,3 +359,38 @@ def test_gguf_to_hf_missing_file(cache, tmp_path):
     with pytest.raises(EdgespecError) as excinfo:
         gguf_to_hf(tmp_path / "absent.gguf")
     assert_one_line_error(excinfo, "absent.gguf", "edgespec prepare")
+
+
+# ---- the ONNX backends inside the engine: greedy speculation is identical to target-only -------------------
+
+def _greedy(target, drafter, prompt, k, n=40):
+    from edgespec.engine import SpeculativeEngine
+    from edgespec.policy import FixedK
+
+    return SpeculativeEngine(target, drafter).run(prompt, max_new_tokens=n, policy=FixedK(k)).token_ids
+
+
+@pytest.mark.parametrize("draft_precision", ["fp32", "int4"])
+def test_onnx_drafter_greedy_equals_target_only(exports, draft_precision):
+    from edgespec.drafters import ModelDrafter
+    from edgespec.target import TorchTarget
+
+    target = TorchTarget(exports["model"])
+    drafter = ModelDrafter(OnnxLM(exports[draft_precision], threads=1), name=draft_precision)
+    for prompt in ([1, 5, 9, 3], [1, 7, 7, 20, 11, 4, 9, 13]):
+        expected = _greedy(target, None, prompt, 0)
+        for k in (1, 3, 6):
+            assert _greedy(target, drafter, prompt, k) == expected, (draft_precision, prompt, k)
+
+
+def test_onnx_target_greedy_speculation_equals_its_target_only(exports):
+    from edgespec.drafters import ModelDrafter, NgramDrafter
+    from edgespec.target import ModelTarget
+
+    target = ModelTarget(OnnxLM(exports["fp32"], threads=1))
+    drafters = [ModelDrafter(OnnxLM(exports["int4"], threads=1)), NgramDrafter()]
+    for prompt in ([1, 5, 9, 3], [1, 7, 7, 20, 11, 4, 9, 13]):
+        expected = _greedy(target, None, prompt, 0)
+        for drafter in drafters:
+            for k in (2, 5):
+                assert _greedy(target, drafter, prompt, k) == expected

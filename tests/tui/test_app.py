@@ -1,0 +1,326 @@
+"""The chat app driven through Pilot with a fake session whose stream the test releases chunk by chunk."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from fakes import GatedSession, fixed_factory, wait_until
+from textual.widgets import Input, Static
+
+from edgespec.errors import EdgespecError
+from tui.app import ChatApp
+from tui.settings import SettingsScreen
+from tui.widgets import AssistantMessage, LoadingView, PromptInput, UserMessage
+
+pytestmark = pytest.mark.asyncio
+
+
+def make_app(session, **kwargs) -> ChatApp:
+    return ChatApp(fixed_factory(session), stream_interval=0, **kwargs)
+
+
+def answers(app) -> list[AssistantMessage]:
+    return list(app.query(AssistantMessage))
+
+
+def status(app) -> str:
+    return str(app.query_one("#status", Static).content)
+
+
+async def ready(pilot) -> None:
+    await wait_until(pilot, lambda: pilot.app.session is not None and not pilot.app.query(LoadingView), what="session")
+
+
+async def send(pilot, text: str) -> None:
+    pilot.app.query_one(PromptInput).insert(text)
+    await pilot.press("enter")
+
+
+async def turn(pilot, text: str) -> AssistantMessage:
+    """Send `text` to an ungated session and wait for the whole answer."""
+    n = len(answers(pilot.app))
+    await send(pilot, text)
+    await wait_until(pilot, lambda: len(answers(pilot.app)) == n + 1 and not pilot.app.generating, what="answer")
+    return answers(pilot.app)[-1]
+
+
+async def test_streaming_appears_in_order():
+    session = GatedSession()
+    app = make_app(session, system="be brief")
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_until(pilot, lambda: len(answers(app)) == 1)
+        view = answers(app)[0]
+        assert [m.text for m in app.query(UserMessage)] == ["hi"]
+        assert app.query_one(PromptInput).text == ""
+        seen = []
+        for expected in ["Hello there", "Hello there, world", "Hello there, world!"]:
+            session.release()
+            await wait_until(pilot, lambda expected=expected: view.text == expected, what=expected)
+            seen.append(view.text)
+        await wait_until(pilot, lambda: not app.generating)
+        assert view.marker == ""
+        assert view.runs == [["Hello", "draft"], [" there", "target"], [", world", "draft"], ["!", "target"]]
+        assert session.calls[0]["messages"] == [{"role": "user", "content": "hi"}]
+        assert session.calls[0]["system"] == "be brief"
+        assert app.record.messages[-1]["content"] == "Hello there, world!"
+        assert "K 4" in status(app) and "tok/s" in status(app)
+
+
+async def test_escape_cancels_and_keeps_the_partial_answer():
+    session = GatedSession()
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        session.release()
+        await wait_until(pilot, lambda: answers(app) and answers(app)[0].text == "Hello there")
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not app.generating, what="the turn to stop")
+        view = answers(app)[0]
+        assert view.marker == "[stopped]"
+        assert view.text == "Hello there"
+        assert app.record.messages[-1] == {"role": "assistant", "content": "Hello there", "stopped": True,
+                                           "pieces": [["Hello", "draft"], [" there", "target"]]}
+
+        session.gated = False
+        second = await turn(pilot, "again")
+        assert second.text == "Hello there, world!" and second.marker == ""
+        assert session.calls[1]["messages"] == [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Hello there"},
+            {"role": "user", "content": "again"},
+        ]
+
+
+async def test_sending_while_streaming_is_refused_and_the_text_kept():
+    session = GatedSession()
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "one")
+        await wait_until(pilot, lambda: app.generating)
+        await send(pilot, "two")
+        await pilot.pause()
+        assert app.query_one(PromptInput).text == "two"
+        assert len(session.calls) == 1
+        session.release(3)
+        await wait_until(pilot, lambda: not app.generating)
+
+
+async def test_toggling_speculation_changes_the_next_settings_and_measures_the_speedup():
+    session = GatedSession(gated=False)
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await turn(pilot, "a")
+        assert session.calls[-1]["settings"].speculation is True
+        assert "speedup —" in status(app)
+        await pilot.press("f3")
+        assert "speculation off" in status(app)
+        await turn(pilot, "b")
+        assert session.calls[-1]["settings"].speculation is False
+        await pilot.press("ctrl+s")
+        await turn(pilot, "c")
+        assert session.calls[-1]["settings"].speculation is True
+        # the fake takes 1 s with speculation and 2 s without for the same tokens
+        assert "speedup ×2.00 vs plain" in status(app)
+
+
+async def test_ctrl_n_starts_a_new_chat():
+    session = GatedSession(gated=False)
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await turn(pilot, "first")
+        old_id = app.record.id
+        await pilot.press("ctrl+n")
+        await wait_until(pilot, lambda: not app.query(".message"))
+        assert app.record.id != old_id and app.record.messages == []
+        await turn(pilot, "second")
+        assert session.calls[-1]["messages"] == [{"role": "user", "content": "second"}]
+
+
+async def test_ctrl_n_while_streaming_cancels_and_the_old_chat_keeps_its_partial_answer():
+    session = GatedSession()
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "first")
+        session.release()
+        await wait_until(pilot, lambda: answers(app) and answers(app)[0].text == "Hello there")
+        old = app.record
+        await pilot.press("ctrl+n")
+        await wait_until(pilot, lambda: not app.generating)
+        assert old.messages[-1]["content"] == "Hello there" and old.messages[-1]["stopped"]
+        assert not app.query(".message")
+
+
+async def test_settings_apply_to_the_next_turn():
+    session = GatedSession(gated=False)
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await pilot.press("f4")
+        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        values = {"temperature": "0.8", "top_p": "0.9", "max_new_tokens": "64", "k": "6"}
+        for name, value in values.items():
+            app.screen.query_one(f"#set-{name}", Input).value = value
+        await pilot.click("#settings-apply")
+        await wait_until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+        await turn(pilot, "hi")
+        s = session.calls[-1]["settings"]
+        assert (s.temperature, s.top_p, s.max_new_tokens, s.k) == (0.8, 0.9, 64, 6)
+
+
+@pytest.mark.parametrize("name,value,message", [
+    ("k", "17", "out of range"), ("k", "fast", "neither 'auto'"), ("temperature", "-1", "temperature"),
+    ("top_p", "0", "top-p"), ("max_new_tokens", "1.5", "whole number"),
+])
+async def test_invalid_settings_are_rejected(name, value, message):
+    session = GatedSession(gated=False)
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await pilot.press("f4")
+        await wait_until(pilot, lambda: isinstance(app.screen, SettingsScreen))
+        app.screen.query_one("#set-max_new_tokens", Input).value = "99"
+        app.screen.query_one(f"#set-{name}", Input).value = value
+        await pilot.click("#settings-apply")
+        await pilot.pause()
+        assert isinstance(app.screen, SettingsScreen), "an invalid value must keep the dialog open"
+        assert message in str(app.screen.query_one("#settings-error", Static).content)
+        await pilot.press("escape")
+        await wait_until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
+        await turn(pilot, "hi")
+        s = session.calls[-1]["settings"]
+        assert (s.temperature, s.top_p, s.max_new_tokens, s.k) == (0.0, 1.0, 512, "auto")
+
+
+async def test_an_error_mid_answer_is_shown_and_the_app_stays_usable():
+    session = GatedSession(gated=False, fail_after=1)
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        failed = await turn(pilot, "hi")
+        assert failed.text == "Hello there"
+        assert failed.marker == "[error] the fake model fell over; try again"
+        assert app.record.messages[-1]["error"] == "the fake model fell over; try again"
+        ok = await turn(pilot, "again")
+        assert ok.text == "Hello there, world!" and ok.marker == ""
+
+
+async def test_a_factory_error_exits_nonzero_with_the_message():
+    def factory(progress):
+        progress("downloading…")
+        raise EdgespecError("no such pair 'nope'; see edgespec models")
+
+    app = ChatApp(factory)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.return_code is not None, what="exit")
+    assert app.return_code == 2
+
+
+async def test_loading_progress_is_shown_and_a_prompt_sent_early_waits_for_the_model():
+    import threading
+
+    go = threading.Event()
+    session = GatedSession(gated=False)
+
+    def factory(progress):
+        progress("fetching the draft")
+        assert go.wait(10)
+        return session
+
+    app = ChatApp(factory, stream_interval=0)
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: "fetching the draft" in "\n".join(app.query_one("#loading-log").lines))
+        assert app.query_one(PromptInput).has_focus
+        await send(pilot, "early")
+        await pilot.pause()
+        assert "waiting for the model" in status(app)
+        go.set()
+        await wait_until(pilot, lambda: answers(app) and not app.generating and not app.query(LoadingView))
+        assert answers(app)[0].text == "Hello there, world!"
+        assert session.calls[0]["messages"] == [{"role": "user", "content": "early"}]
+
+
+async def test_up_and_down_walk_earlier_prompts():
+    session = GatedSession(gated=False)
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await turn(pilot, "first")
+        await turn(pilot, "second")
+        prompt = app.query_one(PromptInput)
+        prompt.insert("draft")
+        await pilot.press("up")
+        assert prompt.text == "second"
+        await pilot.press("up")
+        assert prompt.text == "first"
+        await pilot.press("down")
+        assert prompt.text == "second"
+        await pilot.press("down")
+        assert prompt.text == "draft"
+
+
+async def test_shift_enter_adds_a_line_instead_of_sending():
+    session = GatedSession(gated=False)
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await pilot.press("a", "shift+enter", "b")
+        assert app.query_one(PromptInput).text == "a\nb"
+        assert not session.calls
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: session.calls)
+        assert session.calls[0]["messages"][0]["content"] == "a\nb"
+
+
+async def test_colour_toggle_switches_between_origin_colours_and_markdown():
+    session = GatedSession([[("**bold**", "draft")], [(" text", "target")]], gated=False)
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        view = await turn(pilot, "hi")
+        coloured, markdown = view.query_one(".coloured"), view.query_one(".markdown")
+        assert coloured.display and not markdown.display
+        await pilot.press("f2")
+        await wait_until(pilot, lambda: markdown.display and not coloured.display)
+        assert markdown.source == "**bold** text"
+        await pilot.press("ctrl+t")
+        await wait_until(pilot, lambda: coloured.display)
+
+
+async def test_with_colouring_off_the_answer_streams_as_markdown():
+    session = GatedSession([[("# Title\n\n", "draft")], [("some *text*", "target")], [(" more", "draft")]])
+    app = make_app(session, colour_origin=False)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_until(pilot, lambda: answers(app))
+        markdown = answers(app)[0].query_one(".markdown")
+        assert markdown.display and not answers(app)[0].query_one(".coloured").display
+        session.release()
+        await wait_until(pilot, lambda: markdown.source == "# Title\n\n")
+        session.release()
+        await wait_until(pilot, lambda: markdown.source == "# Title\n\nsome *text*")
+        session.release()
+        await wait_until(pilot, lambda: not app.generating)
+        assert markdown.source == "# Title\n\nsome *text* more"
+        assert "■ draft" not in status(app)
+
+
+async def test_a_failing_save_does_not_stop_the_chat(data_dir_tmp):
+    session = GatedSession(gated=False)
+    app = make_app(session)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        shutil.rmtree(data_dir_tmp / "chats", ignore_errors=True)
+        (data_dir_tmp / "chats").write_text("not a directory")  # every save now fails with an OSError
+        view = await turn(pilot, "hi")
+        assert view.text == "Hello there, world!"
+        await pilot.press("ctrl+n")
+        await turn(pilot, "again")
