@@ -33,6 +33,30 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="auto", help="torch target dtype: auto (fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per model (default: all cores)")
+    p.add_argument("--profile", default=None, help="use this profile file for --k auto instead of the one matching this machine")
+
+
+def parse_k(text) -> int | str:
+    from .policy import check_k
+
+    if text == "auto":
+        return "auto"
+    try:
+        return check_k(int(text))
+    except ValueError:
+        raise EdgespecError(f"K={text!r} is not a number; use auto or an integer from 0 to 16") from None
+
+
+def select_profile(args: argparse.Namespace, spec, temperature: float, *, choose_drafter: bool = True):
+    from .runtime import select_profile as select
+
+    return select(spec, args.profile, temperature, choose_drafter=choose_drafter)
+
+
+def make_policy(k, profile, drafter_name: str, temperature: float):
+    from .runtime import make_policy as make
+
+    return make(k, profile, drafter_name, temperature)
 
 
 def runtime_spec(args: argparse.Namespace):
@@ -48,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text for one prompt, streaming to stdout")
     add_model_options(g)
     g.add_argument("--prompt", required=True)
-    g.add_argument("--k", type=int, default=4, help="tokens drafted per round (0 = no speculation)")
+    g.add_argument("--k", default="auto", help="tokens drafted per round: auto (default: from the profile, adapted online) or 0..16")
     _add_sampling(g)
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--system", default=None, help="system prompt (with --chat)")
@@ -69,6 +93,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="bench-results", help="directory for the JSON, markdown and PNG")
     _add_sampling(b)
     b.set_defaults(func=cmd_bench, max_new_tokens=None)
+
+    pf = sub.add_parser("profile", help="measure draft/verify latencies and acceptance here; choose K; write profiles/")
+    add_model_options(pf)
+    pf.add_argument("--out", default=None, help="profile path (default: profiles/<machine>-<pair>-<backend>.toml)")
+    pf.add_argument("--quick", action="store_true", help="fewer repeats, one context length, two calibration prompts")
+    pf.add_argument("--k-max", type=int, default=8)
+    pf.add_argument("--show", action="store_true", help="list the profiles and which one applies here")
+    pf.set_defaults(func=cmd_profile)
+
+    pr = sub.add_parser("prepare", help="download, verify and convert a model pair once (cached)")
+    pr.add_argument("pair", nargs="?", default="smollm2-135m")
+    pr.add_argument("--drafters", default=None, help="comma list of model drafters to prepare (default: the pair's)")
+    pr.set_defaults(func=cmd_prepare)
 
     d = sub.add_parser("devices", help="what this machine has: CPU, memory, CUDA GPUs, ONNX Runtime providers")
     d.add_argument("--json", action="store_true")
@@ -96,10 +133,13 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from .text import TextStream
 
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    k = 0 if args.no_spec else parse_k(args.k)
     if args.no_spec:
         args.draft = "none"
-    policy = FixedK(0 if args.no_spec else args.k)
-    rt = build_runtime(runtime_spec(args), progress=None if not args.json else (lambda _: None))
+    spec = runtime_spec(args)
+    profile = select_profile(args, spec, args.temperature) if k == "auto" else None
+    rt = build_runtime(spec, progress=None if not args.json else (lambda _: None))
+    policy = FixedK(0) if rt.engine.drafter is None else make_policy(k, profile, rt.drafter_name, args.temperature)
     engine, tokenizer = rt.engine, rt.tokenizer
     prompt_ids = encode_prompt(tokenizer, args.prompt, chat=args.chat, system=args.system)
 
@@ -134,11 +174,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from . import bench
-    from .drafters import NgramDrafter, TorchDrafter
     from .engine import SpeculativeEngine
     from .loading import load_causal_lm
-    from .policy import AdaptiveK, FixedK, check_k
-    from .runtime import build_runtime
+    from .policy import FixedK, check_k
+    from .runtime import build_runtime, extra_drafter
     from .sampling import SamplingParams
 
     ks = bench.parse_ks("3,auto" if args.quick and args.k == "0,2,4,6,8,auto" else args.k)
@@ -152,27 +191,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     for name in wanted or []:
         if name not in ("int4", "int8", "torch", "ngram"):
             raise EdgespecError(f"unknown drafter {name!r} in --drafters; use some of int4, int8, torch, ngram")
-    model_drafter = next((d for d in (wanted or ["int4"]) if d in ("int4", "int8", "torch")), None)
-    if args.draft is None or args.draft in ("int4", "int8", "torch", "ngram", "none"):
-        args.draft = model_drafter or "none"
-    rt = build_runtime(runtime_spec(args), progress=None)
+    spec = runtime_spec(args)
+    if wanted and spec.draft in (None, "int4", "int8", "torch", "ngram", "none"):
+        # load the first model drafter asked for; the n-gram drafter needs no model
+        spec.draft = next((d for d in wanted if d != "ngram"), "none")
+    profile = select_profile(args, spec, args.temperature, choose_drafter=False) if "auto" in ks else None
+    rt = build_runtime(spec, progress=None)
     wanted = wanted or ([rt.drafter_name] if rt.drafter_name not in ("none", "ngram") else []) + ["ngram"]
     target = rt.engine.target
     drafters = {}
     for name in wanted:
-        if name == "ngram":
-            drafters[name] = NgramDrafter()
-        elif name == rt.drafter_name:
-            drafters[name] = rt.engine.drafter
-        elif name == "torch" and (rt.draft_hf_dir or rt.target_hf_dir):
-            drafters[name] = TorchDrafter(load_causal_lm(rt.draft_hf_dir or rt.target_hf_dir))
-        elif name in ("int4", "int8") and (rt.draft_hf_dir or rt.target_hf_dir):
-            from .convert import hf_to_onnx
-            from .drafters import ModelDrafter
-            from .onnx_lm import OnnxLM
-
-            onnx_dir = hf_to_onnx(rt.draft_hf_dir or rt.target_hf_dir, precision=name)
-            drafters[name] = ModelDrafter(OnnxLM(onnx_dir, threads=args.threads, name="draft"), name=name)
+        drafter = extra_drafter(rt, name, threads=args.threads)
+        if drafter is None:
+            raise EdgespecError(f"drafter {name!r} needs a draft model; give --pair or --draft DIR")
+        drafters[name] = drafter
     eos = rt.engine.eos_token_ids
     configs = [bench.engine_config(bench.TARGET_ONLY, SpeculativeEngine(target, None, eos_token_ids=eos), lambda: FixedK(0))]
     for name, drafter in drafters.items():
@@ -181,7 +213,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             if k == 0:
                 continue
             if k == "auto":
-                policy = AdaptiveK()  # one per configuration: it keeps what it learnt across prompts
+                # one per configuration: it keeps what it learnt across prompts
+                policy = make_policy("auto", profile, name, args.temperature)
                 configs.append(bench.engine_config(f"{name}@auto", engine, lambda p=policy: p))
             else:
                 configs.append(bench.engine_config(f"{name}@{k}", engine, lambda k=k: FixedK(k)))
@@ -214,6 +247,113 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(bench.markdown(result))
     print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
     return 1 if result.summary["mismatches"] else 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from . import profiling
+    from .bench import load_prompts
+    from .engine import SpeculativeEngine
+    from .hardware import describe
+    from .policy import check_k
+    from .runtime import build_runtime, extra_drafter
+    from .session import ChatSession
+
+    hw = describe().to_dict()
+    if args.show:
+        here = profiling.machine_key(hw)
+        found = profiling.list_profiles()
+        if not found:
+            print("no profiles yet; run `edgespec profile --pair PAIR`")
+        for path, prof, err in found:
+            if prof is None:
+                print(f"{path}: {err}")
+                continue
+            d = prof.data
+            mark = "applies here" if d["machine"]["key"] == here else "other machine"
+            choice = ", ".join(f"{b}: {c['drafter']} K={c['k']} ({c['speedup']:.2f}x)" for b, c in d["choice"].items())
+            print(f"{path}  [{mark}]  pair {d['pair']['name']}, target {d['pair']['target_backend']} on "
+                  f"{d['machine']['cpu_model']} / {d['machine']['gpu']}; {choice}")
+        print(f"this machine: {here}")
+        return 0
+    k_max = check_k(args.k_max)
+    spec = runtime_spec(args)
+    if spec.draft == "ngram":
+        spec.draft = None  # the pair's model drafters are measured; n-gram needs no model and is always measured
+    rt = build_runtime(spec)
+    session = ChatSession(rt.engine, rt.tokenizer)
+    prompts = load_prompts(list(profiling.CALIBRATION_CATEGORIES), quick=True)
+    if args.quick:
+        prompts = prompts[:2]
+    calib = [session.encode(p["messages"]) for p in prompts]
+    filler = [t for ids in calib for t in ids]
+    contexts = [256] if args.quick else [128, 512]
+    contexts = [c for c in contexts if c + k_max + 2 < rt.engine.target.max_context]
+    repeats = 5 if args.quick else 9
+    max_new = 32 if args.quick else 64
+    names = [rt.drafter_name] if rt.drafter_name not in ("ngram", "none") else []
+    if rt.pair:
+        from .models import load_manifest
+
+        names += [d for d in load_manifest(rt.pair).default_drafters if d not in names and d != "ngram"]
+    drafters = {n: d for n in [*names, "ngram"] if (d := extra_drafter(rt, n, threads=args.threads)) is not None}
+    bar = profiling.progress_bar(len(contexts) * (1 + len(drafters)) + len(drafters) * len(profiling.BANDS))
+    target = rt.engine.target
+    verify, spread = {}, {}
+    propose = {name: {} for name in drafters}
+    for ctx in contexts:
+        ids = (filler * (ctx // max(len(filler), 1) + 1))[:ctx]
+        verify[str(ctx)], spread[str(ctx)] = profiling.measure_verify(target, ids, range(1, k_max + 2), repeats)
+        bar.update(1)
+        for name, drafter in drafters.items():
+            propose[name][str(ctx)] = profiling.measure_propose(drafter, ids, k_max, repeats)
+            bar.update(1)
+    acceptance = {name: {} for name in drafters}
+    for name, drafter in drafters.items():
+        engine = SpeculativeEngine(target, drafter, eos_token_ids=rt.engine.eos_token_ids)
+        for band, temperature in profiling.BANDS.items():
+            acceptance[name][band] = profiling.measure_acceptance(engine, calib, k_max, temperature, max_new)
+            bar.update(1)
+    bar.close()
+    gpus = [d["name"] for d in hw.get("cuda_devices", [])]
+    data = {
+        "schema": profiling.SCHEMA,
+        "created": __import__("time").strftime("%Y-%m-%dT%H:%M:%S"),
+        "command": "edgespec " + " ".join(sys.argv[1:]),
+        "machine": {"key": profiling.machine_key(hw), "cpu_model": hw.get("cpu_model"),
+                    "cores_logical": hw.get("cores_logical"), "cores_usable": hw.get("cores_usable"),
+                    "memory_gib": round((hw.get("memory_total") or 0) / 2**30, 1), "gpu": ", ".join(gpus) or "none",
+                    "torch": hw.get("torch"), "onnxruntime": hw.get("onnxruntime"), "transformers": hw.get("transformers"),
+                    "load_average": list(__import__("os").getloadavg())},
+        "pair": {"name": rt.pair or Path(args.target or "custom").name, "target": rt.target_description,
+                 "target_backend": rt.target_backend, "draft": rt.draft_description or "none"},
+        "settings": {"k_max": k_max, "repeats": repeats, "calibration_prompts": [p["id"] for p in prompts],
+                     "max_new_tokens": max_new, "bands": profiling.BANDS},
+        "latency": {"unit": "ms", "contexts": contexts, "verify": verify, "verify_spread": spread},
+        "drafters": {name: {"description": getattr(d, "description", name), "propose": propose[name],
+                            "acceptance": acceptance[name]} for name, d in drafters.items()},
+    }
+    profiling.predict(data, k_max)
+    path = Path(args.out) if args.out else profiling.default_path(data)
+    profiling.write_profile(data, path)
+    profiling.chart(data, path.with_suffix(".png"))
+    print(profiling.table(data))
+    for band in profiling.BANDS:
+        c = data["choice"][band]
+        name = c["drafter"] if c["drafter"] != "none" else next(iter(drafters))
+        print(f"\n{band}: predicted speed-up by K with {name}\n" + profiling.terminal_plot(data["drafters"][name]["predicted"][band]))
+    print(f"\nwrote {path} and {path.with_suffix('.png')}", file=sys.stderr)
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from .runtime import prepare_pair
+
+    prepared = prepare_pair(args.pair, drafters=tuple(args.drafters.split(",")) if args.drafters else None)
+    for what, path in prepared.items():
+        print(f"{what:24} {path}")
+    return 0
 
 
 def cmd_devices(args: argparse.Namespace) -> int:

@@ -9,6 +9,7 @@ runs. It does not generate: see `edgespec.engine` and `edgespec.session`.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +52,17 @@ class Runtime:
     target_hf_dir: Path | None = None  # the transformers checkpoints behind the models, when there are ones
     draft_hf_dir: Path | None = None
     target_backend: str = "onnx"
+    pair_self_draft: bool = False  # the pair drafts with its own target model (quantised)
     notes: list[str] = field(default_factory=list)
+
+
+def planned_backend(spec: RuntimeSpec) -> str:
+    """The target backend `build_runtime` will use for `spec` (torch on CUDA, ONNX Runtime on the CPU)."""
+    from .hardware import check_device
+
+    if spec.target_backend != "auto":
+        return spec.target_backend
+    return "torch" if check_device(spec.target_device, flag="--target-device").startswith("cuda") else "onnx"
 
 
 def build_runtime(spec: RuntimeSpec, progress: Callable[[str], None] | None = None) -> Runtime:
@@ -132,7 +143,31 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
     draft_hf = draft_source.hf_dir if draft_source is not None else None
     return Runtime(engine, tokenizer, f"{target_label} · {target_lm.description}", draft_description,
                    manifest.name if manifest else None, drafter_name,
-                   target_hf_dir=target_source.hf_dir, draft_hf_dir=draft_hf, target_backend=backend)
+                   target_hf_dir=target_source.hf_dir, draft_hf_dir=draft_hf, target_backend=backend,
+                   pair_self_draft=manifest is not None and manifest.draft is None)
+
+
+def extra_drafter(rt: Runtime, name: str, *, threads: int | None = None):
+    """Another drafter over the same models as `rt` (bench and profile compare several): the one `rt` already
+    has, n-gram, or the draft model under another backend. None when `rt` has no draft model to build it from."""
+    from .drafters import ModelDrafter, NgramDrafter
+
+    if name == rt.drafter_name and rt.engine.drafter is not None:
+        return rt.engine.drafter
+    if name == "ngram":
+        return NgramDrafter()
+    source = rt.draft_hf_dir or (rt.target_hf_dir if rt.pair_self_draft else None)
+    if source is None:
+        return None
+    if name == "torch":
+        from .lm import TorchLM
+        from .loading import load_causal_lm
+
+        return ModelDrafter(TorchLM(load_causal_lm(source), name="draft"), name="torch")
+    from .convert import hf_to_onnx
+    from .onnx_lm import OnnxLM
+
+    return ModelDrafter(OnnxLM(hf_to_onnx(source, precision=name), threads=threads, name="draft"), name=name)
 
 
 def validate_pair(target_dir: Path, draft_dir: Path, target_tokenizer) -> None:
@@ -231,18 +266,98 @@ def _eos_ids(source: _Source, tokenizer) -> list[int]:
     return sorted(ids)
 
 
+def select_profile(spec: RuntimeSpec, profile_path: str | None, temperature: float, *, choose_drafter: bool = True):
+    """For K = auto: the profile to use (`profile_path`, else the one measured on this machine for this pair
+    and target backend) and, when `choose_drafter` and the user named no drafter, the drafter it recommends
+    (written into `spec.draft`). A bad profile is a one-line warning, and K is then calibrated online."""
+    from . import profiling
+    from .hardware import describe
+    from .progress import report
+
+    def warn(msg):
+        report(f"warning: {msg}")
+
+    profile = None
+    if profile_path:
+        try:
+            profile = profiling.read_profile(profile_path)
+        except EdgespecError as err:
+            warn(f"{err}; calibrating K online instead")
+    elif spec.target is None:
+        profile = profiling.find_profile(spec.pair or DEFAULT_PAIR, planned_backend(spec), describe().to_dict(), warn=warn)
+    if profile is None:
+        if not profile_path:
+            warn("no profile for this machine and pair; K is calibrated during the first rounds "
+                 "(run `edgespec profile` once to skip this)")
+    elif spec.draft is None and choose_drafter:
+        choice = profile.choice(profiling.band_for(temperature))["drafter"]
+        if choice != "none":
+            spec.draft = choice
+    return profile
+
+
+def make_policy(k, profile, drafter_name: str, temperature: float):
+    """FixedK for a number; for "auto", the adaptive policy seeded from the profile (or calibrating)."""
+    from .policy import FixedK
+    from .profiling import policy_from_profile
+
+    if k != "auto":
+        return FixedK(k)
+    return policy_from_profile(profile, drafter_name, temperature)
+
+
 def build_session(args, progress: Callable[[str], None] | None = None):
     """A `ChatSession` for `edgespec chat`: the runtime from the CLI's model options, and K from the
     per-turn settings (`auto` = one adaptive policy kept across turns, so what it learnt about this machine's
     latencies carries over from one answer to the next)."""
-    from .policy import AdaptiveK, FixedK, check_k
+    from .policy import FixedK, check_k
+    from .progress import report, reporting_to
     from .session import ChatSession
 
-    rt = build_runtime(RuntimeSpec.from_args(args), progress)
-    adaptive = AdaptiveK()
+    spec = RuntimeSpec.from_args(args)
+    temperature = getattr(args, "temperature", 0.0) or 0.0
+    with reporting_to(progress) if progress else contextlib.nullcontext():
+        profile = select_profile(spec, getattr(args, "profile", None), temperature)
+    rt = build_runtime(spec, progress)
+    policies = {}  # one adaptive policy per temperature band, kept across turns: it keeps what it learnt
 
     def policy_for(settings):
-        return adaptive if settings.k == "auto" else FixedK(check_k(int(settings.k)))
+        if settings.k != "auto":
+            return FixedK(check_k(int(settings.k)))
+        band = "greedy" if settings.temperature == 0 else "sampling"
+        if band not in policies:
+            policies[band] = make_policy("auto", profile, rt.drafter_name, settings.temperature)
+        return policies[band]
 
     return ChatSession(rt.engine, rt.tokenizer, target_description=rt.target_description,
                        draft_description=rt.draft_description, policy_factory=policy_for)
+
+
+def prepare_pair(pair: str, *, drafters: tuple[str, ...] | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Path]:
+    """Download, verify and convert everything `pair` needs on any machine (both target backends, its
+    drafters), so a later start reaches the first token in seconds. Returns what was prepared."""
+    from .convert import hf_to_onnx
+    from .models import load_manifest
+    from .progress import report, reporting_to
+
+    with reporting_to(progress) if progress else contextlib.nullcontext():
+        say = report
+        manifest = load_manifest(pair)
+        out: dict[str, Path] = {}
+        say(f"target: {manifest.target.upstream or manifest.name}")
+        target = _model_dir(manifest.target, say)
+        if target.hf_dir is not None:
+            out["target (transformers)"] = target.hf_dir
+            out[f"target (onnx {manifest.target.onnx_precision})"] = hf_to_onnx(target.hf_dir, precision=manifest.target.onnx_precision)
+        else:
+            out["target (onnx)"] = target.onnx_dir
+        model_drafters = [d for d in (drafters or manifest.default_drafters) if d in ("int4", "int8", "torch")]
+        if model_drafters:
+            say(f"draft: {manifest.draft_model.upstream or manifest.name}")
+            draft = _model_dir(manifest.draft_model, say)
+            if draft.hf_dir is not None:
+                out["draft (transformers)"] = draft.hf_dir
+                for d in model_drafters:
+                    if d != "torch":
+                        out[f"draft (onnx {d})"] = hf_to_onnx(draft.hf_dir, precision=d)
+        return out

@@ -1,0 +1,304 @@
+"""`edgespec profile`: measure this machine and pair, choose K, and read/write `profiles/*.toml`.
+
+It measures, with warm-up and medians: the target's time to verify n tokens (n = 1..K_max+1) at a few context
+lengths, each drafter's time to propose n tokens, and each drafter's per-position acceptance on a calibration
+subset of the bench prompts at temperature 0 and 0.7. Latencies belong to the device and the models' sizes;
+acceptance to the pair and the task: they are stored apart, and K comes from both through `edgespec.costmodel`.
+A profile names the machine it was measured on; `find_profile` only returns one whose machine matches.
+
+It does not run generation for users; `policy_from_profile` turns a profile into the adaptive K policy.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import EdgespecError
+
+SCHEMA = 1
+PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+BANDS = {"greedy": 0.0, "sampling": 0.7}  # temperature bands: the measured temperature of each
+CALIBRATION_CATEGORIES = ("qa", "code", "rewrite", "rag")
+
+
+def machine_key(hw: dict) -> str:
+    """What must be equal for a profile to apply: CPU model, usable cores, GPU names."""
+    gpus = "+".join(d["name"] for d in hw.get("cuda_devices", [])) or "cpu"
+    return f"{hw.get('cpu_model', '?')}|{hw.get('cores_usable') or hw.get('cores_logical')}c|{gpus}"
+
+
+def band_for(temperature: float) -> str:
+    return "greedy" if temperature == 0 else "sampling"
+
+
+# ------------------------------------------------------------------------------------------ measuring
+
+def _median_ms(fn, repeats: int) -> tuple[float, float]:
+    """Median and spread (max - min of the middle half) in ms of `fn()` over `repeats` runs after one warm-up."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t) * 1000)
+    times.sort()
+    q = len(times) // 4
+    mid = times[q: len(times) - q] or times
+    return statistics.median(times), mid[-1] - mid[0]
+
+
+def measure_verify(target, context_ids: list[int], ns: range, repeats: int) -> tuple[list[float], list[float]]:
+    """ms for the target to process n new tokens on a cache holding `context_ids` (then rolled back)."""
+    target.prefill(context_ids)
+    base = len(context_ids)
+    med, spread = [0.0], [0.0]
+    for n in ns:
+        block = context_ids[-n:] if n <= len(context_ids) else (context_ids * n)[:n]
+
+        def step():
+            target.verify(block)
+            target.rollback(base)
+
+        m, s = _median_ms(step, repeats)
+        med.append(round(m, 3))
+        spread.append(round(s, 3))
+    return med, spread
+
+
+def measure_propose(drafter, context_ids: list[int], k_max: int, repeats: int) -> list[float]:
+    """ms for the drafter to propose k tokens (k = 0..k_max) from a context, greedily."""
+    import torch
+
+    from .sampling import SamplingParams
+
+    params, gen = SamplingParams(), torch.Generator().manual_seed(0)
+    out = [0.0]
+    for k in range(1, k_max + 1):
+        def step():
+            drafter.begin(context_ids)
+            drafter.propose(k, params, gen)
+
+        drafter.begin(context_ids)  # the first begin pays the prefill; measure proposals on a warm cache
+        t_begin, _ = _median_ms(lambda: drafter.begin(context_ids), max(3, repeats // 2))
+        m, _ = _median_ms(step, repeats)
+        out.append(round(max(m - t_begin, 0.0), 3))
+    return out
+
+
+def measure_acceptance(engine, prompts: list[list[int]], k_max: int, temperature: float, max_new: int) -> list[float]:
+    """Survival per draft position (P(first i+1 drafts accepted)) with K = k_max on the calibration prompts."""
+    from .policy import FixedK
+    from .sampling import SamplingParams
+
+    drafted = [0] * k_max
+    accepted = [0] * k_max
+    for i, ids in enumerate(prompts):
+        engine.reset()
+        params = SamplingParams(temperature=temperature, seed=1234 + i)
+        m = engine.run(ids, params=params, max_new_tokens=max_new, policy=FixedK(k_max)).metrics
+        for j, (d, a) in enumerate(zip(m.drafted_per_position, m.accepted_per_position)):
+            drafted[j] += d
+            accepted[j] += a
+    return [round(a / d, 4) if d else 0.0 for a, d in zip(accepted, drafted)]
+
+
+# ---------------------------------------------------------------------------------------- the profile
+
+@dataclass
+class Profile:
+    data: dict
+    path: Path | None = None
+
+    @property
+    def pair(self) -> str:
+        return self.data["pair"]["name"]
+
+    def latencies(self, drafter: str):
+        """Latencies at the middle measured context length (the cost model's inputs), in seconds."""
+        from .costmodel import Latencies
+
+        ctx = self._mid_context()
+        verify = [t / 1000 for t in self.data["latency"]["verify"][ctx]]
+        draft = [t / 1000 for t in self.data["drafters"][drafter]["propose"][ctx]]
+        return Latencies(draft, verify)
+
+    def survival(self, drafter: str, band: str) -> list[float]:
+        return list(self.data["drafters"][drafter]["acceptance"][band])
+
+    def choice(self, band: str) -> dict:
+        return self.data["choice"][band]
+
+    def _mid_context(self) -> str:
+        ctxs = sorted(self.data["latency"]["verify"], key=int)
+        return ctxs[len(ctxs) // 2]
+
+
+def predict(data: dict, k_max: int) -> None:
+    """Fill `predicted` (speed-up per K) per drafter and band and `choice` per band, from the measurements."""
+    from .costmodel import best_k, speedups
+
+    prof = Profile(data)
+    data["choice"] = {}
+    for band in BANDS:
+        best = {"drafter": "none", "k": 0, "speedup": 1.0}
+        for name, d in data["drafters"].items():
+            lat = prof.latencies(name)
+            surv = prof.survival(name, band)
+            table = speedups(surv, lat)
+            d.setdefault("predicted", {})[band] = [round(x, 4) for x in table]
+            k, s = best_k(surv, lat, margin=0.02)
+            if k > 0 and s > best["speedup"]:
+                best = {"drafter": name, "k": k, "speedup": round(s, 4)}
+        data["choice"][band] = best
+
+
+def write_profile(data: dict, path: Path) -> Path:
+    import tomli_w
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".toml.tmp")
+    tmp.write_text(tomli_w.dumps(data))
+    os.replace(tmp, path)
+    return path
+
+
+def read_profile(path: Path) -> Profile:
+    """A profile file, checked; a one-line EdgespecError when it is unreadable or malformed."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        raise EdgespecError(f"profile {path} cannot be read ({str(err).splitlines()[0][:120]}); run `edgespec profile` again") from err
+    try:
+        if data.get("schema") != SCHEMA:
+            raise KeyError("schema")
+        data["pair"]["name"], data["machine"]["key"]
+        for band in BANDS:
+            data["choice"][band]["k"]
+        prof = Profile(data, Path(path))
+        for name in data["drafters"]:
+            lat = prof.latencies(name)
+            if any(not isinstance(t, (int, float)) or t < 0 for t in [*lat.draft, *lat.verify]):
+                raise KeyError("latency")
+            for band in BANDS:
+                if not all(0 <= a <= 1 for a in prof.survival(name, band)):
+                    raise KeyError("acceptance")
+    except (KeyError, TypeError, IndexError, ValueError) as err:
+        raise EdgespecError(f"profile {path} is malformed (bad or missing {err}); run `edgespec profile` again") from err
+    return prof
+
+
+def profile_dirs() -> list[Path]:
+    from .paths import data_dir
+
+    return [PROFILES_DIR, data_dir() / "profiles"]
+
+
+def list_profiles() -> list[tuple[Path, Profile | None, str | None]]:
+    out = []
+    for d in profile_dirs():
+        for p in sorted(d.glob("*.toml")) if d.is_dir() else []:
+            try:
+                out.append((p, read_profile(p), None))
+            except EdgespecError as err:
+                out.append((p, None, str(err)))
+    return out
+
+
+def find_profile(pair: str, target_backend: str, hw: dict, *, warn=None) -> Profile | None:
+    """The profile measured on this machine for this pair and target backend, if one exists."""
+    key = machine_key(hw)
+    for path, prof, err in list_profiles():
+        if prof is None:
+            if warn:
+                warn(f"ignoring {err}")
+            continue
+        if prof.pair == pair and prof.data["machine"]["key"] == key and prof.data["pair"]["target_backend"] == target_backend:
+            return prof
+    return None
+
+
+def policy_from_profile(profile: Profile | None, drafter: str, temperature: float, *, k_max: int = 8):
+    """The adaptive K policy, seeded with the profile's latencies and acceptance when there is a profile for
+    this drafter; otherwise it calibrates during the first rounds."""
+    from .policy import AdaptiveK
+
+    if profile is None or drafter not in profile.data["drafters"]:
+        return AdaptiveK(k_max=k_max)
+    surv = profile.survival(drafter, band_for(temperature))
+    cond, prev = [], 1.0
+    for s in surv:
+        cond.append(min(max(s / prev, 0.0), 1.0) if prev > 0 else 0.0)
+        prev = s
+    lat = profile.latencies(drafter)
+    return AdaptiveK(latencies=lat, prior_acceptance=cond or 0.6, k_max=min(k_max, lat.k_max))
+
+
+# ------------------------------------------------------------------------------------------- output
+
+def table(data: dict) -> str:
+    lines = []
+    for band in BANDS:
+        c = data["choice"][band]
+        lines.append(f"{band} (T={BANDS[band]}): choose {c['drafter']} K={c['k']} (predicted {c['speedup']:.2f}x)")
+        for name, d in data["drafters"].items():
+            pred = d["predicted"][band]
+            acc = " ".join(f"{a:.2f}" for a in d["acceptance"][band])
+            lines.append(f"  {name:6} survival {acc}")
+            lines.append(f"  {name:6} speed-up by K: " + " ".join(f"{k}:{s:.2f}" for k, s in enumerate(pred)))
+    ctx = Profile(data)._mid_context()
+    lines.append(f"target verify ms (n=1..) at context {ctx}: " + " ".join(f"{t:.1f}" for t in data["latency"]["verify"][ctx][1:]))
+    for name, d in data["drafters"].items():
+        lines.append(f"{name} propose ms (k=1..) at context {ctx}: " + " ".join(f"{t:.1f}" for t in d["propose"][ctx][1:]))
+    return "\n".join(lines)
+
+
+def terminal_plot(values: list[float], width: int = 40) -> str:
+    top = max(values + [1.0])
+    return "\n".join(f"K={k:<2} {'#' * int(width * v / top):<{width}} {v:.2f}x" for k, v in enumerate(values))
+
+
+def chart(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, d in data["drafters"].items():
+        for band, style in (("greedy", "-o"), ("sampling", "--s")):
+            ax.plot(range(len(d["predicted"][band])), d["predicted"][band], style, label=f"{name} {band}")
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xlabel("K (draft tokens per round)")
+    ax.set_ylabel("predicted speed-up over plain decoding")
+    ax.set_title(f"{data['pair']['name']} on {data['machine']['cpu_model']}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def slug(text: str) -> str:
+    import re
+
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def default_path(data: dict) -> Path:
+    m = data["machine"]
+    gpu = m["gpu"] if m["gpu"] != "none" else f"{m['cores_logical']}c"
+    return PROFILES_DIR / f"{slug(m['cpu_model'])}-{slug(gpu)}-{data['pair']['name']}-{data['pair']['target_backend']}.toml"
+
+
+def progress_bar(total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="profile", unit="step", file=sys.stderr)

@@ -1,0 +1,103 @@
+"""Profiles: TOML round trip, the choice of K and drafter, matching, and bad files falling back to calibration."""
+
+import pytest
+
+from edgespec import profiling
+from edgespec.errors import EdgespecError
+from edgespec.policy import AdaptiveK
+
+HW = {"cpu_model": "Test CPU", "cores_logical": 2, "cores_usable": 2, "cuda_devices": []}
+
+
+def sample_profile(verify=(0, 20, 22, 24, 26, 28), draft_per_token=3.0):
+    data = {
+        "schema": profiling.SCHEMA,
+        "created": "2026-12-03T00:00:00",
+        "command": "edgespec profile --pair demo",
+        "machine": {"key": profiling.machine_key(HW), "cpu_model": "Test CPU", "cores_logical": 2, "gpu": "none"},
+        "pair": {"name": "demo", "target": "t", "target_backend": "onnx", "draft": "d"},
+        "latency": {"unit": "ms", "contexts": [128, 512],
+                    "verify": {"128": list(verify), "512": list(verify)}, "verify_spread": {"128": [0.0] * 6, "512": [0.0] * 6}},
+        "drafters": {
+            "int8": {"description": "d", "propose": {"128": [k * draft_per_token for k in range(5)],
+                                                      "512": [k * draft_per_token for k in range(5)]},
+                     "acceptance": {"greedy": [0.9, 0.8, 0.7, 0.6], "sampling": [0.1, 0.01, 0.0, 0.0]}},
+            "ngram": {"description": "n", "propose": {"128": [0.0] * 5, "512": [0.0] * 5},
+                      "acceptance": {"greedy": [0.2, 0.1, 0.05, 0.0], "sampling": [0.3, 0.2, 0.1, 0.05]}},
+        },
+    }
+    profiling.predict(data, 4)
+    return data
+
+
+def test_predict_chooses_drafter_and_k_per_band():
+    data = sample_profile()
+    greedy = data["choice"]["greedy"]
+    # K=4: E = 1 + .9 + .8 + .7 + .6 = 4.0 tokens for 4 * 3 + 28 = 40 ms, vs 20 ms a token plain: 2.0x
+    assert greedy == {"drafter": "int8", "k": 4, "speedup": pytest.approx(2.0)}
+    # At T=0.7 the model draft is rarely accepted; cheap n-gram drafting with 30% acceptance still pays.
+    assert data["choice"]["sampling"]["drafter"] == "ngram"
+
+
+def test_nothing_pays_means_k_zero():
+    data = sample_profile(verify=(0, 20, 40, 60, 80, 100), draft_per_token=25.0)
+    for band in profiling.BANDS:
+        assert data["choice"][band] == {"drafter": "none", "k": 0, "speedup": 1.0}
+
+
+def test_toml_round_trip(tmp_path):
+    data = sample_profile()
+    path = profiling.write_profile(data, tmp_path / "p.toml")
+    prof = profiling.read_profile(path)
+    assert prof.data == data
+    lat = prof.latencies("int8")
+    assert lat.verify[1] == pytest.approx(0.020) and lat.draft[2] == pytest.approx(0.006)
+
+
+def test_find_profile_matches_machine_pair_and_backend(tmp_path, monkeypatch):
+    monkeypatch.setattr(profiling, "profile_dirs", lambda: [tmp_path])
+    profiling.write_profile(sample_profile(), tmp_path / "demo.toml")
+    assert profiling.find_profile("demo", "onnx", HW) is not None
+    assert profiling.find_profile("demo", "torch", HW) is None
+    assert profiling.find_profile("other", "onnx", HW) is None
+    assert profiling.find_profile("demo", "onnx", {**HW, "cpu_model": "Another CPU"}) is None
+
+
+@pytest.mark.parametrize("content", ["not = [valid toml", "schema = 1\n", "schema = 99\n"])
+def test_corrupt_profile_is_one_line_error(tmp_path, content):
+    path = tmp_path / "bad.toml"
+    path.write_text(content)
+    with pytest.raises(EdgespecError) as err:
+        profiling.read_profile(path)
+    assert "\n" not in str(err.value) and "edgespec profile" in str(err.value)
+
+
+def test_corrupt_profile_warns_and_falls_back_to_calibration(tmp_path, capsys):
+    from edgespec.runtime import RuntimeSpec, make_policy, select_profile
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text("garbage = ")
+    spec = RuntimeSpec(pair="smollm2-135m")
+    profile = select_profile(spec, str(bad), 0.0)
+    err = capsys.readouterr().err
+    assert profile is None
+    warnings = [line for line in err.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "calibrating K online" in warnings[0]
+    policy = make_policy("auto", profile, "int8", 0.0)
+    assert isinstance(policy, AdaptiveK)
+    assert [policy.next_k() for _ in range(3)] == [0, 2, 4]  # calibration rounds
+
+
+def test_policy_from_profile_is_seeded_and_skips_calibration():
+    prof = profiling.Profile(sample_profile())
+    policy = profiling.policy_from_profile(prof, "int8", 0.0, k_max=4)
+    assert policy.verify[1] == pytest.approx(0.020)
+    assert policy.conditional_acceptance()[0] == pytest.approx(0.9)
+    assert policy.next_k() >= 3
+
+
+def test_terminal_plot_and_table():
+    data = sample_profile()
+    assert "greedy (T=0.0): choose int8" in profiling.table(data)
+    plot = profiling.terminal_plot(data["drafters"]["int8"]["predicted"]["greedy"])
+    assert plot.splitlines()[0].startswith("K=0")
