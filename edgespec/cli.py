@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     pf = sub.add_parser("profile", help="measure draft/verify latencies and acceptance here; choose K; write profiles/")
     add_model_options(pf)
     pf.add_argument("--out", default=None, help="profile path (default: profiles/<machine>-<pair>-<backend>.toml)")
-    pf.add_argument("--quick", action="store_true", help="fewer repeats, one context length, two calibration prompts")
+    pf.add_argument("--quick", action="store_true", help="fewer repeats, one context length, three calibration prompts (one per category otherwise)")
     pf.add_argument("--k-max", type=int, default=8)
     pf.add_argument("--show", action="store_true", help="list the profiles and which one applies here")
     pf.set_defaults(func=cmd_profile)
@@ -283,9 +283,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         spec.draft = None  # the pair's model drafters are measured; n-gram needs no model and is always measured
     rt = build_runtime(spec)
     session = ChatSession(rt.engine, rt.tokenizer)
-    prompts = load_prompts(list(profiling.CALIBRATION_CATEGORIES), quick=True)
+    prompts = load_prompts(list(profiling.CALIBRATION_CATEGORIES), quick=True)  # one prompt per category
     if args.quick:
-        prompts = prompts[:2]
+        prompts = prompts[:3]
     calib = [session.encode(p["messages"]) for p in prompts]
     filler = [t for ids in calib for t in ids]
     contexts = [256] if args.quick else [128, 512]

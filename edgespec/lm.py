@@ -59,6 +59,12 @@ class TorchLM:
         self.description = f"torch {self.device.type} {str(self.dtype).removeprefix('torch.')}"
         self._cache = None
         self._length = 0
+        # transformers renamed `past_key_values` to `cache` in 5.x; accept either, so the GPU script runs on
+        # whatever transformers the GPU machine's image carries.
+        import inspect
+
+        params = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in params else "past_key_values"
 
     @property
     def length(self) -> int:
@@ -77,12 +83,12 @@ class TorchLM:
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)
         out = self.model(
             input_ids=input_ids,
-            cache=self._cache,
             use_cache=True,
             # Only compute the lm_head rows we need: with a 150k vocabulary it is a large share of a step.
             logits_to_keep=max(logits_for, 1),
+            **{self._cache_arg: self._cache},
         )
-        self._cache = out.cache
+        # DynamicCache grows in place: the object we passed in now holds the new tokens too.
         self._length += len(ids)
         if logits_for == 0:
             return torch.empty(0, self.vocab_size)

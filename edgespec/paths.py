@@ -9,11 +9,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import platformdirs
 
 
 def cache_dir() -> Path:
     """The root of edgespec's cache; created on first use."""
+    import platformdirs  # late: a bare environment (the GPU script's) only needs it when no override is set
+
     root = Path(os.environ.get("EDGESPEC_CACHE") or platformdirs.user_cache_dir("edgespec"))
     root.mkdir(parents=True, exist_ok=True)
     return root
@@ -21,6 +22,8 @@ def cache_dir() -> Path:
 
 def data_dir() -> Path:
     """The user data dir (chat history and the like); `EDGESPEC_DATA` overrides it."""
+    import platformdirs
+
     root = Path(os.environ.get("EDGESPEC_DATA") or platformdirs.user_data_dir("edgespec"))
     root.mkdir(parents=True, exist_ok=True)
     return root

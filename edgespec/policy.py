@@ -70,16 +70,26 @@ class AdaptiveK:
         if isinstance(prior_acceptance, (int, float)):
             prior_acceptance = [float(prior_acceptance)] * self.k_max
         self.prior = list(prior_acceptance) + [prior_acceptance[-1]] * (self.k_max - len(prior_acceptance))
-        self.reached = [0.0] * self.k_max
-        self.accepted = [0.0] * self.k_max
+        # The prior enters as pseudo-rounds that age like real ones: it steers the first rounds and fades
+        # as rounds accumulate (a fixed prior would cap how far real data can move the estimate).
+        self.reached = [float(prior_weight)] * self.k_max
+        self.accepted = [float(prior_weight) * p for p in self.prior]
         # Latency estimates: verify[n] in seconds, draft per token in seconds; None = not known yet.
         self.verify: dict[int, float] = {}
         self.draft_per_token: float | None = None
+        # With a profile, its curves keep their shape and online rounds only rescale them: a round measures
+        # verify(K+1) but never verify(1), so mixing raw online points with profiled ones would compare a
+        # slow, long-context verify(K+1) with a fast verify(1) and push K down for no reason.
+        self.profile_verify: dict[int, float] = {}
+        self.verify_scale = 1.0
+        self.draft_scale = 1.0
         if latencies is not None:
-            self.verify = {n: float(t) for n, t in enumerate(latencies.verify) if n >= 1 and t > 0}
+            self.profile_verify = {n: float(t) for n, t in enumerate(latencies.verify) if n >= 1 and t > 0}
+            self.verify = dict(self.profile_verify)
             ks = [k for k in range(1, len(latencies.draft)) if latencies.draft[k] > 0]
             if ks:
                 self.draft_per_token = sum(latencies.draft[k] / k for k in ks) / len(ks)
+        self.profile_draft_per_token = self.draft_per_token
         self._calibration = [] if latencies is not None else [k for k in calibration_ks if k <= self.k_max]
         self.rounds_off = 0
         self.last_prediction = 1.0
@@ -87,14 +97,12 @@ class AdaptiveK:
 
     # -- estimates ------------------------------------------------------------------------------------
     def conditional_acceptance(self) -> list[float]:
-        """Per-position conditional rates. A position with little data leans on the rate estimated for the
-        position before it (acceptance changes smoothly with depth), and position 0 on the prior; a prior
-        fixed per position would pin unexplored depths and keep K from ever growing past them."""
-        w = self.prior_weight
+        """Per-position conditional rates from the aged counts. A position with little weight left leans on
+        the rate of the position before it (acceptance changes smoothly with depth)."""
         out = []
         for i in range(self.k_max):
-            prior = self.prior[0] if i == 0 else out[-1]
-            out.append((self.accepted[i] + w * prior) / (self.reached[i] + w))
+            lean = self.prior[0] if i == 0 else out[-1]
+            out.append((self.accepted[i] + 0.5 * lean) / (self.reached[i] + 0.5))
         return out
 
     def survival(self) -> list[float]:
@@ -156,12 +164,20 @@ class AdaptiveK:
             if i < n_accepted:
                 self.accepted[i] += 1
         n = n_drafted + 1
-        if verify_s > 0:
+        if verify_s > 0 and n in self.profile_verify:
+            ratio = verify_s / self.profile_verify[n]
+            self.verify_scale = 0.8 * self.verify_scale + 0.2 * ratio
+            self.verify = {m: t * self.verify_scale for m, t in self.profile_verify.items()}
+        elif verify_s > 0:
             old = self.verify.get(n)
             self.verify[n] = verify_s if old is None else 0.7 * old + 0.3 * verify_s
         if n_drafted > 0 and draft_s > 0:
             per = draft_s / n_drafted
-            self.draft_per_token = per if self.draft_per_token is None else 0.7 * self.draft_per_token + 0.3 * per
+            if self.profile_draft_per_token:
+                self.draft_scale = 0.8 * self.draft_scale + 0.2 * per / self.profile_draft_per_token
+                self.draft_per_token = self.profile_draft_per_token * self.draft_scale
+            else:
+                self.draft_per_token = per if self.draft_per_token is None else 0.7 * self.draft_per_token + 0.3 * per
 
     def __repr__(self) -> str:
         return f"AdaptiveK(k_max={self.k_max}, overlap={self.overlap})"

@@ -23,7 +23,9 @@ from .errors import EdgespecError
 SCHEMA = 1
 PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
 BANDS = {"greedy": 0.0, "sampling": 0.7}  # temperature bands: the measured temperature of each
-CALIBRATION_CATEGORIES = ("qa", "code", "rewrite", "rag")
+# Every bench category: acceptance varies several-fold between them (n-gram drafting on rewrites vs on
+# open questions), and a subset of four over-estimated n-gram acceptance by 3x in the first profile.
+CALIBRATION_CATEGORIES = ("multi_turn", "translation", "summarization", "qa", "math", "rag", "code", "rewrite")
 
 
 def machine_key(hw: dict) -> str:
@@ -239,7 +241,8 @@ def policy_from_profile(profile: Profile | None, drafter: str, temperature: floa
         cond.append(min(max(s / prev, 0.0), 1.0) if prev > 0 else 0.0)
         prev = s
     lat = profile.latencies(drafter)
-    return AdaptiveK(latencies=lat, prior_acceptance=cond or 0.6, k_max=min(k_max, lat.k_max))
+    # A measured profile is worth a few rounds of evidence (prior_weight), which age away like real rounds.
+    return AdaptiveK(latencies=lat, prior_acceptance=cond or 0.6, k_max=min(k_max, lat.k_max), prior_weight=4.0)
 
 
 # ------------------------------------------------------------------------------------------- output

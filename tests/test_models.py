@@ -270,7 +270,7 @@ def test_shipped_manifests_load_and_pin_every_hash():
 
     small = models.load_manifest("smollm2-135m")
     assert small.draft is None and small.draft_model is small.target
-    assert small.default_drafters == ("int4", "ngram")
+    assert small.default_drafters == ("int8", "int4", "ngram")
 
     qwen = models.load_manifest("qwen2.5-coder-1.5b")
     assert len(qwen.target.source.wheels) == 22 and len(qwen.draft.source.wheels) == 6

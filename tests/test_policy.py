@@ -86,9 +86,18 @@ def test_front_loaded_acceptance_chooses_small_k():
 
 def test_short_proposals_count_only_reached_positions():
     policy = profiled()
+    reached, accepted = list(policy.reached), list(policy.accepted)
     policy.observe(6, 2, 2, 0.02, VERIFY[3])  # the drafter stopped early (p-min) after 2 tokens, both passed
-    assert policy.reached[:3] == [1.0, 1.0, 0.0]
-    assert policy.accepted[:3] == [1.0, 1.0, 0.0]
+    d = policy.decay
+    assert policy.reached[:3] == pytest.approx([reached[0] * d + 1, reached[1] * d + 1, reached[2] * d])
+    assert policy.accepted[:3] == pytest.approx([accepted[0] * d + 1, accepted[1] * d + 1, accepted[2] * d])
+
+
+def test_prior_fades_as_rounds_accumulate():
+    policy = profiled()  # prior 0.6 per position
+    for _ in range(30):
+        policy.observe(4, 4, 4, 0.04, VERIFY[5])  # everything accepted
+    assert policy.conditional_acceptance()[0] > 0.95
 
 
 @pytest.mark.parametrize("k", [-1, 17])

@@ -51,3 +51,28 @@ async def test_one_real_turn(tiny_dir):
                                                            Settings(max_new_tokens=24, k=3)))
     assert view.text == direct and direct
     assert app.record.messages[-1]["content"] == direct
+
+
+@pytest.mark.asyncio
+async def test_one_real_turn_on_smollm2():
+    """The embedded default through the real factory `edgespec chat` uses (download + conversion cached)."""
+    from edgespec.cli import build_parser
+    from edgespec.runtime import build_session
+
+    args = build_parser().parse_args(["chat", "--k", "3", "--target-device", "cpu"])
+    progress_lines = []
+
+    def factory(progress):
+        return build_session(args, progress=lambda line: (progress_lines.append(line), progress(line)))
+
+    app = ChatApp(factory, settings={"max_new_tokens": 24, "k": 3})
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.session is not None, timeout=300)
+        app.query_one("#prompt").insert("What is the capital of France?")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.query(AssistantMessage) and not app.generating, timeout=120)
+        view = app.query_one(AssistantMessage)
+        status = str(app.query_one("#status").content)
+        assert "SmolLM2" in status and "tok/s" in status
+    assert "Paris" in view.text
+    assert any("ready" in line for line in progress_lines)
