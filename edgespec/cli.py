@@ -33,6 +33,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="auto", help="torch target dtype: auto (fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per model (default: all cores)")
+    p.add_argument("--draft-threads", type=int, default=None, help="ONNX Runtime threads for the draft (default: --threads)")
+    p.add_argument("--overlap", action="store_true",
+                   help="draft the next round on its own thread while the target verifies (split the cores with --threads/--draft-threads)")
     p.add_argument("--profile", default=None, help="use this profile file for --k auto instead of the one matching this machine")
 
 
@@ -53,10 +56,10 @@ def select_profile(args: argparse.Namespace, spec, temperature: float, *, choose
     return select(spec, args.profile, temperature, choose_drafter=choose_drafter)
 
 
-def make_policy(k, profile, drafter_name: str, temperature: float):
+def make_policy(k, profile, drafter_name: str, temperature: float, *, overlap: bool = False):
     from .runtime import make_policy as make
 
-    return make(k, profile, drafter_name, temperature)
+    return make(k, profile, drafter_name, temperature, overlap=overlap)
 
 
 def runtime_spec(args: argparse.Namespace):
@@ -139,7 +142,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     spec = runtime_spec(args)
     profile = select_profile(args, spec, args.temperature) if k == "auto" else None
     rt = build_runtime(spec, progress=None if not args.json else (lambda _: None))
-    policy = FixedK(0) if rt.engine.drafter is None else make_policy(k, profile, rt.drafter_name, args.temperature)
+    policy = FixedK(0) if rt.engine.drafter is None else make_policy(k, profile, rt.drafter_name, args.temperature,
+                                                                      overlap=args.overlap)
     engine, tokenizer = rt.engine, rt.tokenizer
     prompt_ids = encode_prompt(tokenizer, args.prompt, chat=args.chat, system=args.system)
 
@@ -208,16 +212,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
     eos = rt.engine.eos_token_ids
     configs = [bench.engine_config(bench.TARGET_ONLY, SpeculativeEngine(target, None, eos_token_ids=eos), lambda: FixedK(0))]
     for name, drafter in drafters.items():
-        engine = SpeculativeEngine(target, drafter, eos_token_ids=eos)
-        for k in ks:
-            if k == 0:
-                continue
-            if k == "auto":
-                # one per configuration: it keeps what it learnt across prompts
-                policy = make_policy("auto", profile, name, args.temperature)
-                configs.append(bench.engine_config(f"{name}@auto", engine, lambda p=policy: p))
-            else:
-                configs.append(bench.engine_config(f"{name}@{k}", engine, lambda k=k: FixedK(k)))
+        modes = [False, True] if args.overlap and hasattr(drafter, "propose_ahead") else [False]
+        for overlap in modes:
+            engine = SpeculativeEngine(target, drafter, eos_token_ids=eos, overlap=overlap)
+            tag = "+overlap" if overlap else ""
+            for k in ks:
+                if k == 0:
+                    continue
+                if k == "auto":
+                    # one per configuration: it keeps what it learnt across prompts
+                    policy = make_policy("auto", profile, name, args.temperature, overlap=overlap)
+                    configs.append(bench.engine_config(f"{name}@auto{tag}", engine, lambda p=policy: p))
+                else:
+                    configs.append(bench.engine_config(f"{name}@{k}{tag}", engine, lambda k=k: FixedK(k)))
     notes = []
     if not args.no_anchors:
         if rt.target_backend == "torch":

@@ -45,6 +45,7 @@ class Step:
     prefill_ms: float = 0.0  # only on the first step of a request
     elapsed_s: float = 0.0  # since generate() was called
     stop_reason: str | None = None
+    notice: str | None = None  # e.g. the drafter failed and the request continues on the target alone
 
 
 @dataclass
@@ -57,9 +58,18 @@ class Generation:
 
 
 class SpeculativeEngine:
-    def __init__(self, target: Target, drafter: Drafter | None = None, *, eos_token_ids: Iterable[int] = ()):
+    """`overlap=True`: while the target verifies round i, the drafter (on its own thread) already drafts round
+    i+1 as if all of round i were accepted and the target's next token were the drafter's own guess. When
+    verification agrees the next draft is ready; otherwise it is thrown away and drafted again from the
+    corrected prefix. The drafter's work always runs to completion before the round ends, so the random draws
+    do not depend on timing, and the output is the same as sequential speculation's in distribution (greedy:
+    token for token). Needs a drafter with `propose_ahead` (model drafters); others run sequentially."""
+
+    def __init__(self, target: Target, drafter: Drafter | None = None, *, eos_token_ids: Iterable[int] = (),
+                 overlap: bool = False):
         self.target = target
         self.drafter = drafter
+        self.overlap = overlap
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         draft_vocab = getattr(drafter, "vocab_size", None)
         if draft_vocab is not None and draft_vocab != target.vocab_size:
@@ -101,56 +111,82 @@ class SpeculativeEngine:
             drafter.begin(prompt_ids)
         prefill_ms = (time.perf_counter() - start) * 1000
 
+        ahead_pool = None
+        if self.overlap and drafter is not None and hasattr(drafter, "propose_ahead"):
+            from concurrent.futures import ThreadPoolExecutor
+
+            ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-draft")
+        notice = None
         seq = list(prompt_ids)
         generated: list[int] = []
-        while True:
-            remaining = max_new_tokens - len(generated)
-            room = target.max_context - len(seq)
-            # A round emits at most K+1 tokens and grows the target cache to len(seq)+K: stay inside both.
-            k = min(policy.next_k(), MAX_K, remaining - 1, room - 1) if drafter is not None else 0
-            k = max(k, 0)
+        try:
+            while True:
+                remaining = max_new_tokens - len(generated)
+                room = target.max_context - len(seq)
+                # A round emits at most K+1 tokens and grows the target cache to len(seq)+K: stay inside both.
+                k = min(policy.next_k(), MAX_K, remaining - 1, room - 1) if drafter is not None else 0
+                k = max(k, 0)
 
-            t0 = time.perf_counter()
-            draft = drafter.propose(k, params, draft_rng) if k > 0 else Draft([])
-            t1 = time.perf_counter()
-            logits = target.verify([seq[-1], *draft.tokens])
-            verdict = self._judge(draft, logits, params, verify_rng)
-            target.rollback(len(seq) + verdict.n_accepted)
-            if drafter is not None:
-                drafter.commit(verdict.n_accepted, verdict.next_token)
-            t2 = time.perf_counter()
+                t0 = time.perf_counter()
+                draft = Draft([])
+                if k > 0:
+                    try:
+                        draft = drafter.propose(k, params, draft_rng)
+                    except Exception as err:  # noqa: BLE001 - any drafter failure: finish on the target alone
+                        drafter, notice = None, _drafter_failed(err)
+                t1 = time.perf_counter()
+                ahead = None
+                if ahead_pool is not None and drafter is not None and len(draft) > 0:
+                    # Draft the next round (its first token is the guess at the target's next token).
+                    ahead = ahead_pool.submit(drafter.propose_ahead, 2 * len(draft) + 1, params, draft_rng)
+                logits = target.verify([seq[-1], *draft.tokens])
+                verdict = self._judge(draft, logits, params, verify_rng)
+                if ahead is not None:
+                    try:
+                        ahead.result()
+                    except Exception as err:  # noqa: BLE001 - as above
+                        drafter, notice = None, _drafter_failed(err)
+                target.rollback(len(seq) + verdict.n_accepted)
+                if drafter is not None:
+                    drafter.commit(verdict.n_accepted, verdict.next_token)
+                t2 = time.perf_counter()
 
-            emitted = [*draft.tokens[: verdict.n_accepted], verdict.next_token]
-            reason = None
-            for i, token in enumerate(emitted):
-                if token in self.eos_token_ids:
-                    emitted, reason = emitted[: i + 1], STOP_EOS
-                    break
-            if len(generated) + len(emitted) >= max_new_tokens:
-                emitted = emitted[:remaining]
-                reason = reason or STOP_LENGTH
-            seq.extend(emitted)
-            generated.extend(emitted)
-            if reason is None and len(seq) >= target.max_context:
-                reason = STOP_CONTEXT
-            if reason is None and stop is not None and stop(generated):
-                reason = STOP_STRING
-            policy.observe(k, len(draft), verdict.n_accepted, t1 - t0, t2 - t1)
-            yield Step(
-                tokens=emitted,
-                n_from_draft=min(verdict.n_accepted, len(emitted)),
-                k=k,
-                n_drafted=len(draft),
-                n_accepted=verdict.n_accepted,
-                draft_ms=(t1 - t0) * 1000,
-                verify_ms=(t2 - t1) * 1000,
-                prefill_ms=prefill_ms,
-                elapsed_s=time.perf_counter() - start,
-                stop_reason=reason,
-            )
-            prefill_ms = 0.0
-            if reason is not None:
-                return
+                emitted = [*draft.tokens[: verdict.n_accepted], verdict.next_token]
+                reason = None
+                for i, token in enumerate(emitted):
+                    if token in self.eos_token_ids:
+                        emitted, reason = emitted[: i + 1], STOP_EOS
+                        break
+                if len(generated) + len(emitted) >= max_new_tokens:
+                    emitted = emitted[:remaining]
+                    reason = reason or STOP_LENGTH
+                seq.extend(emitted)
+                generated.extend(emitted)
+                if reason is None and len(seq) >= target.max_context:
+                    reason = STOP_CONTEXT
+                if reason is None and stop is not None and stop(generated):
+                    reason = STOP_STRING
+                policy.observe(k, len(draft), verdict.n_accepted, t1 - t0, t2 - t1)
+                yield Step(
+                    tokens=emitted,
+                    n_from_draft=min(verdict.n_accepted, len(emitted)),
+                    k=k,
+                    n_drafted=len(draft),
+                    n_accepted=verdict.n_accepted,
+                    draft_ms=(t1 - t0) * 1000,
+                    verify_ms=(t2 - t1) * 1000,
+                    prefill_ms=prefill_ms,
+                    elapsed_s=time.perf_counter() - start,
+                    stop_reason=reason,
+                    notice=notice,
+                )
+                prefill_ms, notice = 0.0, None
+                if reason is not None:
+                    return
+        finally:
+            # Also on cancel (the caller closed the generator): no drafter thread outlives the request.
+            if ahead_pool is not None:
+                ahead_pool.shutdown(wait=True)
 
     def reset(self) -> None:
         """Drop both caches, so the next request prefills from scratch."""
@@ -179,3 +215,7 @@ class SpeculativeEngine:
                 torch.tensor(draft.tokens, dtype=torch.long), p_target.shape[-1]
             ).float()
         return verify_sampling(draft.tokens, p_draft, p_target, rng)
+
+
+def _drafter_failed(err: BaseException) -> str:
+    return f"the drafter failed ({type(err).__name__}: {err}); this answer continues on the target alone"

@@ -228,13 +228,14 @@ def find_profile(pair: str, target_backend: str, hw: dict, *, warn=None) -> Prof
     return None
 
 
-def policy_from_profile(profile: Profile | None, drafter: str, temperature: float, *, k_max: int = 8):
+def policy_from_profile(profile: Profile | None, drafter: str, temperature: float, *, k_max: int = 8,
+                        overlap: bool = False):
     """The adaptive K policy, seeded with the profile's latencies and acceptance when there is a profile for
     this drafter; otherwise it calibrates during the first rounds."""
     from .policy import AdaptiveK
 
     if profile is None or drafter not in profile.data["drafters"]:
-        return AdaptiveK(k_max=k_max)
+        return AdaptiveK(k_max=k_max, overlap=overlap)
     surv = profile.survival(drafter, band_for(temperature))
     cond, prev = [], 1.0
     for s in surv:
@@ -242,7 +243,8 @@ def policy_from_profile(profile: Profile | None, drafter: str, temperature: floa
         prev = s
     lat = profile.latencies(drafter)
     # A measured profile is worth a few rounds of evidence (prior_weight), which age away like real rounds.
-    return AdaptiveK(latencies=lat, prior_acceptance=cond or 0.6, k_max=min(k_max, lat.k_max), prior_weight=4.0)
+    return AdaptiveK(latencies=lat, prior_acceptance=cond or 0.6, k_max=min(k_max, lat.k_max), prior_weight=4.0,
+                     overlap=overlap)
 
 
 # ------------------------------------------------------------------------------------------- output

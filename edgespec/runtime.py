@@ -32,13 +32,16 @@ class RuntimeSpec:
     draft_device: str = "cpu"
     dtype: str = "auto"
     threads: int | None = None  # ONNX Runtime intra-op threads per session (default: all cores)
+    draft_threads: int | None = None  # the draft session's threads (default: `threads`)
+    overlap: bool = False  # draft round i+1 on its own thread while the target verifies round i
 
     @classmethod
     def from_args(cls, args) -> RuntimeSpec:
         """From the CLI's shared model options (`edgespec.cli.add_model_options`)."""
         return cls(pair=args.pair, target=args.target, draft=args.draft, draft_backend=args.draft_backend,
                    target_backend=args.target_backend, target_device=args.target_device,
-                   draft_device=args.draft_device, dtype=args.dtype, threads=args.threads)
+                   draft_device=args.draft_device, dtype=args.dtype, threads=args.threads,
+                   draft_threads=getattr(args, "draft_threads", None), overlap=getattr(args, "overlap", False))
 
 
 @dataclass
@@ -139,7 +142,7 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
 
     eos = _eos_ids(target_source, tokenizer)
     progress("ready")
-    engine = SpeculativeEngine(_target(target_lm), drafter, eos_token_ids=eos)
+    engine = SpeculativeEngine(_target(target_lm), drafter, eos_token_ids=eos, overlap=spec.overlap)
     draft_hf = draft_source.hf_dir if draft_source is not None else None
     return Runtime(engine, tokenizer, f"{target_label} · {target_lm.description}", draft_description,
                    manifest.name if manifest else None, drafter_name,
@@ -236,7 +239,8 @@ def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onn
     onnx_dir = source.onnx_dir
     if onnx_dir is None:
         onnx_dir = hf_to_onnx(source.hf_dir, precision=onnx_precision)
-    return OnnxLM(onnx_dir, threads=spec.threads, device="cuda" if device.startswith("cuda") else "cpu", name=role)
+    threads = spec.draft_threads or spec.threads if role == "draft" else spec.threads
+    return OnnxLM(onnx_dir, threads=threads, device="cuda" if device.startswith("cuda") else "cpu", name=role)
 
 
 def _label(model, path: str | None) -> str:
@@ -296,14 +300,15 @@ def select_profile(spec: RuntimeSpec, profile_path: str | None, temperature: flo
     return profile
 
 
-def make_policy(k, profile, drafter_name: str, temperature: float):
-    """FixedK for a number; for "auto", the adaptive policy seeded from the profile (or calibrating)."""
+def make_policy(k, profile, drafter_name: str, temperature: float, *, overlap: bool = False):
+    """FixedK for a number; for "auto", the adaptive policy seeded from the profile (or calibrating), using
+    the cost model's overlapped form when drafting overlaps verification."""
     from .policy import FixedK
     from .profiling import policy_from_profile
 
     if k != "auto":
         return FixedK(k)
-    return policy_from_profile(profile, drafter_name, temperature)
+    return policy_from_profile(profile, drafter_name, temperature, overlap=overlap)
 
 
 def build_session(args, progress: Callable[[str], None] | None = None):
@@ -326,7 +331,7 @@ def build_session(args, progress: Callable[[str], None] | None = None):
             return FixedK(check_k(int(settings.k)))
         band = "greedy" if settings.temperature == 0 else "sampling"
         if band not in policies:
-            policies[band] = make_policy("auto", profile, rt.drafter_name, settings.temperature)
+            policies[band] = make_policy("auto", profile, rt.drafter_name, settings.temperature, overlap=spec.overlap)
         return policies[band]
 
     return ChatSession(rt.engine, rt.tokenizer, target_description=rt.target_description,

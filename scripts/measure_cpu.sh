@@ -16,4 +16,8 @@ step edgespec bench --pair qwen2.5-coder-1.5b --quick --drafters int4,ngram --k 
 step edgespec bench --pair smollm2-135m --target-backend torch --quick --drafters int8,ngram --k 2,4,auto --out "$out"
 step edgespec bench --pair qwen2.5-coder-1.5b --target-backend torch --dtype bfloat16 --quick --categories qa,code,rewrite \
   --drafters int4,ngram --k 3,auto --out "$out"
+# Overlap (issue 7): Qwen pair, greedy, target and draft on one core each; predictions from a 1-thread profile.
+step edgespec bench --pair qwen2.5-coder-1.5b --quick --threads 1 --draft-threads 1 --drafters int4 --k 2,3,4 --overlap \
+  --no-anchors --out "$out/overlap"
+step edgespec profile --pair qwen2.5-coder-1.5b --threads 1 --draft-threads 1 --quick --out "$out/overlap/qwen-1thread-profile.toml"
 echo "=== done (load $(cut -d' ' -f1-3 /proc/loadavg), $(date +%H:%M:%S))"

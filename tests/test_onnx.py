@@ -145,7 +145,8 @@ def exports(tmp_path_factory):
             "gguf_fp32": hf_to_onnx(gguf_hf, precision="fp32"),
             "cache": root / "cache",
         }
-        yield out
+    # The private cache is set only while building: later tests (the real SmolLM2 ones) keep the shared cache.
+    yield out
 
 
 @pytest.fixture

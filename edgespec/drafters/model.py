@@ -23,43 +23,58 @@ class ModelDrafter:
         self.vocab_size = lm.vocab_size
         self.max_context = lm.max_context
         self._cache = CachedPrefix(lm)
-        self._ids: list[int] = []
-        self._proposed: list[int] = []
+        self._ids: list[int] = []  # committed context
+        # Proposed tokens beyond the committed context, in order, with their p_draft rows (None when greedy).
+        # The cache holds at most ids + chain[:-1]. The chain can run ahead of what the engine asked for
+        # (`propose_ahead`, used to draft the next round while the target verifies this one).
+        self._chain: list[int] = []
+        self._rows: list[torch.Tensor | None] = []
 
     def begin(self, prompt_ids: list[int]) -> None:
         self._ids = list(prompt_ids)
-        self._proposed = []
+        self._chain, self._rows = [], []
         self._cache.sync(self._ids[:-1])
 
     def reset(self) -> None:
-        self._ids, self._proposed = [], []
+        self._ids, self._chain, self._rows = [], [], []
         self._cache.sync([])
 
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
         # The drafter cannot look past its own window; proposing less is always allowed.
         k = min(k, self.max_context - len(self._ids))
-        self._proposed = []
         if k <= 0:
             return Draft([])
-        rows = []
-        logits = self._cache.feed(self._ids[len(self._cache.ids):], 1)[-1]
-        for j in range(k):
+        self._extend(k, params, generator)
+        rows = self._rows[:k]
+        return Draft(list(self._chain[:k]), None if params.greedy else torch.stack(rows))
+
+    def propose_ahead(self, total: int, params: SamplingParams, generator: torch.Generator) -> None:
+        """Extend the chain to `total` tokens (as if everything proposed so far will be accepted)."""
+        self._extend(min(total, self.max_context - len(self._ids)), params, generator)
+
+    def _extend(self, total: int, params: SamplingParams, generator: torch.Generator) -> None:
+        while len(self._chain) < total:
+            context = self._ids + self._chain
+            logits = self._cache.feed(context[len(self._cache.ids):], 1)[-1]
             if params.greedy:
-                token = int(logits.argmax())
+                token, row = int(logits.argmax()), None
             else:
-                probs = probs_from_logits(logits, params)
-                token = int(torch.multinomial(probs, 1, generator=generator))
-                rows.append(probs)
-            self._proposed.append(token)
-            if j < k - 1:
-                logits = self._cache.feed([token], 1)[-1]
-        return Draft(list(self._proposed), torch.stack(rows) if rows else None)
+                row = probs_from_logits(logits, params)
+                token = int(torch.multinomial(row, 1, generator=generator))
+            self._chain.append(token)
+            self._rows.append(row)
 
     def commit(self, n_accepted: int, next_token: int) -> None:
+        chain = self._chain
+        if n_accepted < len(chain) and chain[n_accepted] == next_token:
+            # The chain already went this way (it ran ahead and guessed the target's token): keep the rest.
+            self._ids.extend(chain[: n_accepted + 1])
+            self._chain, self._rows = chain[n_accepted + 1:], self._rows[n_accepted + 1:]
+            return
         keep = len(self._ids) + n_accepted
-        self._ids.extend(self._proposed[:n_accepted])
+        self._ids.extend(chain[:n_accepted])
         self._ids.append(next_token)
-        self._proposed = []
+        self._chain, self._rows = [], []
         if len(self._cache.ids) > keep:
             self._cache.crop(keep)
 
