@@ -259,7 +259,7 @@ def markdown(result: BenchResult) -> str:
     s = result.summary
     configs = list(s["configs"])
     cats = [c for c in CATEGORIES if any(c in rows for rows in s["configs"].values())]
-    lines = [f"# edgespec bench", "", f"`{result.command}`", ""]
+    lines = ["# edgespec bench", "", f"`{result.command}`", ""]
     m = result.machine
     if m:
         lines.append(f"Machine: {m.get('cpu_model', '?')}, {m.get('cores_logical', '?')} cores, "

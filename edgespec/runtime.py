@@ -316,7 +316,7 @@ def build_session(args, progress: Callable[[str], None] | None = None):
     per-turn settings (`auto` = one adaptive policy kept across turns, so what it learnt about this machine's
     latencies carries over from one answer to the next)."""
     from .policy import FixedK, check_k
-    from .progress import report, reporting_to
+    from .progress import reporting_to
     from .session import ChatSession
 
     spec = RuntimeSpec.from_args(args)
