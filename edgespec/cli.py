@@ -205,7 +205,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     target = rt.engine.target
     drafters = {}
     for name in wanted:
-        drafter = extra_drafter(rt, name, threads=args.threads)
+        drafter = extra_drafter(rt, name)
         if drafter is None:
             raise EdgespecError(f"drafter {name!r} needs a draft model; give --pair or --draft DIR")
         drafters[name] = drafter
@@ -304,7 +304,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         from .models import load_manifest
 
         names += [d for d in load_manifest(rt.pair).default_drafters if d not in names and d != "ngram"]
-    drafters = {n: d for n in [*names, "ngram"] if (d := extra_drafter(rt, n, threads=args.threads)) is not None}
+    drafters = {n: d for n in [*names, "ngram"] if (d := extra_drafter(rt, n)) is not None}
     bar = profiling.progress_bar(len(contexts) * (1 + len(drafters)) + len(drafters) * len(profiling.BANDS))
     target = rt.engine.target
     verify, spread = {}, {}

@@ -56,6 +56,7 @@ class Runtime:
     draft_hf_dir: Path | None = None
     target_backend: str = "onnx"
     pair_self_draft: bool = False  # the pair drafts with its own target model (quantised)
+    spec: RuntimeSpec | None = None  # what it was built from (extra drafters are placed the same way)
     notes: list[str] = field(default_factory=list)
 
 
@@ -147,13 +148,15 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
     return Runtime(engine, tokenizer, f"{target_label} · {target_lm.description}", draft_description,
                    manifest.name if manifest else None, drafter_name,
                    target_hf_dir=target_source.hf_dir, draft_hf_dir=draft_hf, target_backend=backend,
-                   pair_self_draft=manifest is not None and manifest.draft is None)
+                   pair_self_draft=manifest is not None and manifest.draft is None, spec=spec)
 
 
-def extra_drafter(rt: Runtime, name: str, *, threads: int | None = None):
+def extra_drafter(rt: Runtime, name: str):
     """Another drafter over the same models as `rt` (bench and profile compare several): the one `rt` already
-    has, n-gram, or the draft model under another backend. None when `rt` has no draft model to build it from."""
+    has, n-gram, or the draft model under another backend, placed as `rt`'s spec says. None when `rt` has no
+    draft model to build it from."""
     from .drafters import ModelDrafter, NgramDrafter
+    from .progress import report
 
     if name == rt.drafter_name and rt.engine.drafter is not None:
         return rt.engine.drafter
@@ -162,15 +165,10 @@ def extra_drafter(rt: Runtime, name: str, *, threads: int | None = None):
     source = rt.draft_hf_dir or (rt.target_hf_dir if rt.pair_self_draft else None)
     if source is None:
         return None
-    if name == "torch":
-        from .lm import TorchLM
-        from .loading import load_causal_lm
-
-        return ModelDrafter(TorchLM(load_causal_lm(source), name="draft"), name="torch")
-    from .convert import hf_to_onnx
-    from .onnx_lm import OnnxLM
-
-    return ModelDrafter(OnnxLM(hf_to_onnx(source, precision=name), threads=threads, name="draft"), name=name)
+    spec = rt.spec or RuntimeSpec()
+    backend = "torch" if name == "torch" else "onnx"
+    lm = _build_lm(_Source(hf_dir=source), backend, spec.draft_device, spec, name, "draft", report)
+    return ModelDrafter(lm, name=name)
 
 
 def validate_pair(target_dir: Path, draft_dir: Path, target_tokenizer) -> None:
