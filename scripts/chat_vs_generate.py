@@ -49,6 +49,7 @@ def main() -> None:
     ap.add_argument("--pair", default="smollm2-135m")
     ap.add_argument("--k", default="4")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", default=None, help="ONNX Runtime threads per model (default: all cores)")
     args = ap.parse_args()
     started = psutil.Process().create_time()
     os.environ.setdefault("EDGESPEC_DATA", "/tmp/edgespec-chat-bench")
@@ -57,7 +58,8 @@ def main() -> None:
     from edgespec.runtime import build_session
     from edgespec.session import Settings
 
-    cli_args = build_parser().parse_args(["chat", "--pair", args.pair, "--k", args.k, "--target-device", "cpu"])
+    extra = ["--threads", args.threads] if args.threads else []
+    cli_args = build_parser().parse_args(["chat", "--pair", args.pair, "--k", args.k, "--target-device", "cpu", *extra])
     sessions = []
 
     def factory(progress):
