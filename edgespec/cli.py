@@ -50,18 +50,6 @@ def parse_k(text) -> int | str:
         raise EdgespecError(f"K={text!r} is not a number; use auto or an integer from 0 to 16") from None
 
 
-def select_profile(args: argparse.Namespace, spec, temperature: float, *, choose_drafter: bool = True):
-    from .runtime import select_profile as select
-
-    return select(spec, args.profile, temperature, choose_drafter=choose_drafter)
-
-
-def make_policy(k, profile, drafter_name: str, temperature: float, *, overlap: bool = False):
-    from .runtime import make_policy as make
-
-    return make(k, profile, drafter_name, temperature, overlap=overlap)
-
-
 def runtime_spec(args: argparse.Namespace):
     from .runtime import RuntimeSpec
 
@@ -131,7 +119,7 @@ def encode_prompt(tokenizer, prompt: str, *, chat: bool, system: str | None = No
 def cmd_generate(args: argparse.Namespace) -> int:
     from .metrics import SpecMetrics
     from .policy import FixedK
-    from .runtime import build_runtime
+    from .runtime import build_runtime, make_policy, select_profile
     from .sampling import SamplingParams
     from .text import TextStream
 
@@ -140,7 +128,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.no_spec:
         args.draft = "none"
     spec = runtime_spec(args)
-    profile = select_profile(args, spec, args.temperature) if k == "auto" else None
+    profile = select_profile(spec, args.profile, args.temperature) if k == "auto" else None
     rt = build_runtime(spec, progress=None if not args.json else (lambda _: None))
     policy = FixedK(0) if rt.engine.drafter is None else make_policy(k, profile, rt.drafter_name, args.temperature,
                                                                       overlap=args.overlap)
@@ -181,7 +169,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .engine import SpeculativeEngine
     from .loading import load_causal_lm
     from .policy import FixedK, check_k
-    from .runtime import build_runtime, extra_drafter
+    from .runtime import build_runtime, extra_drafter, make_policy, select_profile
     from .sampling import SamplingParams
 
     ks = bench.parse_ks("3,auto" if args.quick and args.k == "0,2,4,6,8,auto" else args.k)
@@ -199,7 +187,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if wanted and spec.draft in (None, "int4", "int8", "torch", "ngram", "none"):
         # load the first model drafter asked for; the n-gram drafter needs no model
         spec.draft = next((d for d in wanted if d != "ngram"), "none")
-    profile = select_profile(args, spec, args.temperature, choose_drafter=False) if "auto" in ks else None
+    profile = select_profile(spec, args.profile, args.temperature, choose_drafter=False) if "auto" in ks else None
     rt = build_runtime(spec, progress=None)
     wanted = wanted or ([rt.drafter_name] if rt.drafter_name not in ("none", "ngram") else []) + ["ngram"]
     target = rt.engine.target

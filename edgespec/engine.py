@@ -72,11 +72,8 @@ class SpeculativeEngine:
         self.overlap = overlap
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         draft_vocab = getattr(drafter, "vocab_size", None)
-        if draft_vocab is not None and draft_vocab != target.vocab_size:
-            raise EdgespecError(
-                f"draft and target vocabularies differ (draft {draft_vocab} tokens, target {target.vocab_size}); "
-                "use a draft model from the same family with the same tokenizer, or --draft ngram"
-            )
+        if draft_vocab is not None:
+            check_vocab_sizes(draft_vocab, target.vocab_size)
 
     def generate(
         self,
@@ -219,3 +216,12 @@ class SpeculativeEngine:
 
 def _drafter_failed(err: BaseException) -> str:
     return f"the drafter failed ({type(err).__name__}: {err}); this answer continues on the target alone"
+
+
+def check_vocab_sizes(draft_vocab: int | None, target_vocab: int | None) -> None:
+    """Draft token ids index the target's distribution: the two vocabularies must be the same size."""
+    if draft_vocab != target_vocab:
+        raise EdgespecError(
+            f"draft and target vocabularies differ (draft {draft_vocab} tokens, target {target_vocab}); "
+            "use a draft model from the same family with the same tokenizer, or --draft ngram"
+        )

@@ -184,11 +184,11 @@ def validate_pair(target_dir: Path, draft_dir: Path, target_tokenizer) -> None:
         t, d = getattr(target_tokenizer, name, None), getattr(draft_tokenizer, name, None)
         if t != d:
             raise EdgespecError(f"draft and target disagree on {name} ({d} vs {t}); use a draft model from the target's family")
-    t_vocab = getattr(t_cfg.get_text_config(), "vocab_size", None)
-    d_vocab = getattr(d_cfg.get_text_config(), "vocab_size", None)
-    if t_vocab != d_vocab:
-        raise EdgespecError(f"draft and target vocabularies differ (draft {d_vocab} tokens, target {t_vocab}); "
-                            "use a draft model from the same family with the same tokenizer, or --draft ngram")
+    from .engine import check_vocab_sizes
+
+    # Checked on the configs, before the draft's weights are loaded (the engine checks the loaded models too).
+    check_vocab_sizes(getattr(d_cfg.get_text_config(), "vocab_size", None),
+                      getattr(t_cfg.get_text_config(), "vocab_size", None))
 
 
 @dataclass
