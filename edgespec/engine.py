@@ -163,7 +163,8 @@ class SpeculativeEngine:
                     reason = STOP_CONTEXT
                 if reason is None and stop is not None and stop(generated):
                     reason = STOP_STRING
-                policy.observe(k, len(draft), verdict.n_accepted, t1 - t0, t2 - t1)
+                # The policy learns the cost per drafted token: a catch-up (the draft model's prefill) is not.
+                policy.observe(k, len(draft), verdict.n_accepted, max(t1 - t0 - draft.catch_up_s, 0.0), t2 - t1)
                 yield Step(
                     tokens=emitted,
                     n_from_draft=min(verdict.n_accepted, len(emitted)),

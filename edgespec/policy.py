@@ -6,6 +6,8 @@ anything itself. K = 0 means plain decoding for that round, through the same loo
 
 from __future__ import annotations
 
+import statistics
+from collections import deque
 from typing import Protocol
 
 from .errors import EdgespecError
@@ -47,8 +49,8 @@ class AdaptiveK:
 
     Acceptance: per-position conditional rates (P(draft i accepted | drafts before it accepted)), from
     exponentially decayed counts smoothed toward a prior, so a change in the text moves K within a few rounds.
-    Latencies: the profile's table when there is one, refined by what each round measures (an EWMA per
-    verified length n and per drafted token); without a profile, the first rounds calibrate by trying a few
+    Latencies: the profile's table when there is one, rescaled by what recent rounds measure (the median of
+    the last `window` rounds, robust to one preempted round); without a profile, the first rounds calibrate by trying a few
     K values. When no K is predicted to beat plain decoding, K = 0, with a probe round every `probe_every`
     rounds (the interval doubles while probes keep losing) so speculation comes back when the text turns
     predictable again.
@@ -56,7 +58,8 @@ class AdaptiveK:
 
     def __init__(self, *, latencies=None, prior_acceptance: list[float] | float = 0.6, k_max: int = 8,
                  decay: float = 0.8, prior_weight: float = 1.0, overlap: bool = False, probe_every: int = 8,
-                 probe_k: int = 2, margin: float = 0.02, calibration_ks: tuple[int, ...] = (0, 2, 4)):
+                 probe_k: int = 2, margin: float = 0.02, calibration_ks: tuple[int, ...] = (0, 2, 4),
+                 window: int = 9):
         from .costmodel import Latencies  # noqa: F401  (documented type of `latencies`)
 
         self.k_max = check_k(k_max)
@@ -90,6 +93,8 @@ class AdaptiveK:
             if ks:
                 self.draft_per_token = sum(latencies.draft[k] / k for k in ks) / len(ks)
         self.profile_draft_per_token = self.draft_per_token
+        self.window = window
+        self._windows: dict[str, deque] = {}
         self._calibration = [] if latencies is not None else [k for k in calibration_ks if k <= self.k_max]
         self.rounds_off = 0
         self.last_prediction = 1.0
@@ -163,21 +168,27 @@ class AdaptiveK:
             self.reached[i] += 1  # position i was drafted and every draft before it was accepted
             if i < n_accepted:
                 self.accepted[i] += 1
+        # Latencies: medians of the last few rounds. A round is a few milliseconds, so one preempted round on a
+        # busy machine can take 10x its usual time; a mean would let that single spike switch speculation off.
         n = n_drafted + 1
         if verify_s > 0 and n in self.profile_verify:
-            ratio = verify_s / self.profile_verify[n]
-            self.verify_scale = 0.8 * self.verify_scale + 0.2 * ratio
+            self.verify_scale = self._recent("verify", verify_s / self.profile_verify[n])
             self.verify = {m: t * self.verify_scale for m, t in self.profile_verify.items()}
         elif verify_s > 0:
-            old = self.verify.get(n)
-            self.verify[n] = verify_s if old is None else 0.7 * old + 0.3 * verify_s
+            self.verify[n] = self._recent(f"verify{n}", verify_s)
         if n_drafted > 0 and draft_s > 0:
             per = draft_s / n_drafted
             if self.profile_draft_per_token:
-                self.draft_scale = 0.8 * self.draft_scale + 0.2 * per / self.profile_draft_per_token
+                self.draft_scale = self._recent("draft", per / self.profile_draft_per_token)
                 self.draft_per_token = self.profile_draft_per_token * self.draft_scale
             else:
-                self.draft_per_token = per if self.draft_per_token is None else 0.7 * self.draft_per_token + 0.3 * per
+                self.draft_per_token = self._recent("draft", per)
+
+    def _recent(self, key: str, value: float) -> float:
+        """Add a measurement to its window; return the window's median."""
+        window = self._windows.setdefault(key, deque(maxlen=self.window))
+        window.append(value)
+        return statistics.median(window)
 
     def __repr__(self) -> str:
         return f"AdaptiveK(k_max={self.k_max}, overlap={self.overlap})"

@@ -44,6 +44,11 @@ class CachedPrefix:
 
     def sync(self, ids: list[int]) -> None:
         """Bring the cache to exactly `ids`: crop to the longest common prefix, feed the rest (no logits)."""
+        common = self.trim(ids)
+        self.feed(list(ids[common:]), 0)
+
+    def trim(self, ids: list[int]) -> int:
+        """Crop the cache to its longest common prefix with `ids` (feeding nothing); return that length."""
         common = 0
         limit = min(len(self.ids), len(ids))
         while common < limit and self.ids[common] == ids[common]:
@@ -54,7 +59,7 @@ class CachedPrefix:
         else:
             self.lm.crop(common)
         self.ids = list(ids[:common])
-        self.feed(list(ids[common:]), 0)
+        return common
 
     def feed(self, ids: list[int], logits_for: int) -> torch.Tensor:
         logits = self.lm.feed(ids, logits_for)

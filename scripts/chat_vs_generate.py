@@ -25,13 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "tui")
 PROMPT = "Explain in a few sentences how a hash map works."
 
 
-async def app_turn(factory, settings, first: bool):
+async def app_turn(factory, settings, first: bool, stream_interval: float | None = None):
     from fakes import wait_until
 
     from tui.app import ChatApp
     from tui.widgets import AssistantMessage
 
-    app = ChatApp(factory, settings=settings)
+    kwargs = {} if stream_interval is None else {"stream_interval": stream_interval}
+    app = ChatApp(factory, settings=settings, **kwargs)
     ready_at = None
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.session is not None, timeout=600)
@@ -49,7 +50,9 @@ def main() -> None:
     ap.add_argument("--pair", default="smollm2-135m")
     ap.add_argument("--k", default="4")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--threads", default=None, help="ONNX Runtime threads per model (default: all cores)")
+    ap.add_argument("--stream-interval", type=float, default=None, help="seconds between UI updates (default: the app's)")
     args = ap.parse_args()
     started = psutil.Process().create_time()
     os.environ.setdefault("EDGESPEC_DATA", "/tmp/edgespec-chat-bench")
@@ -68,19 +71,19 @@ def main() -> None:
         return sessions[0]
 
     k = args.k if args.k == "auto" else int(args.k)
-    settings = {"max_new_tokens": 96, "k": k}
+    settings = {"max_new_tokens": args.max_new_tokens, "k": k}
     app_tps, direct_tps, ready = [], [], None
     for rep in range(args.repeats):
-        ready_at, _, text, app = asyncio.run(app_turn(factory, settings, rep == 0))
+        ready_at, _, text, app = asyncio.run(app_turn(factory, settings, rep == 0, args.stream_interval))
         if ready is None:
             ready = ready_at - started
         m = sessions[0].last_metrics
         app_tps.append(m.decode_tokens_per_s)
-        chunks = list(sessions[0].reply([{"role": "user", "content": PROMPT}], Settings(max_new_tokens=96, k=k)))
+        chunks = list(sessions[0].reply([{"role": "user", "content": PROMPT}], Settings(max_new_tokens=args.max_new_tokens, k=k)))
         direct_tps.append(chunks[-1].metrics.decode_tokens_per_s)
         assert "".join(c.text for c in chunks) == text, "the app showed different text"
     a, d = statistics.median(app_tps), statistics.median(direct_tps)
-    print(f"pair {args.pair}, K={args.k}, greedy, 96 new tokens max, {args.repeats} interleaved repeats")
+    print(f"pair {args.pair}, K={args.k}, greedy, {args.max_new_tokens} new tokens max, {args.repeats} interleaved repeats")
     print(f"process start -> chat input ready (first app, warm cache): {ready:.2f} s")
     print(f"in the chat app : {a:.2f} tok/s (runs {', '.join(f'{x:.2f}' for x in app_tps)})")
     print(f"bare session    : {d:.2f} tok/s (runs {', '.join(f'{x:.2f}' for x in direct_tps)})")

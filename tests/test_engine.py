@@ -191,6 +191,59 @@ def test_new_prompt_reuses_common_prefix(models):
     assert engine.run(PROMPTS[2], max_new_tokens=12, policy=FixedK(3)).token_ids == hf_greedy(target, PROMPTS[2], 12)
 
 
+class Recording(FixedK):
+    """A fixed K that records what the engine tells it after each round."""
+
+    def __init__(self, ks):
+        super().__init__(0)
+        self.ks, self.seen = list(ks), []
+
+    def next_k(self):
+        return self.ks.pop(0) if self.ks else 0
+
+    def observe(self, k, n_drafted, n_accepted, draft_s, verify_s):
+        self.seen.append((k, n_drafted, draft_s))
+
+
+def test_drafter_prefill_is_lazy_and_timed_apart(models):
+    """A request that never drafts never feeds the draft model; the first proposal's catch-up on the prompt
+    (and on tokens decoded without drafting) is timed apart, so the policy's per-token cost excludes it."""
+    target = models["target"]
+    drafter = TorchDrafter(models["close"])
+    engine = SpeculativeEngine(TorchTarget(target), drafter)
+    prompt = PROMPTS[1] * 4
+    assert engine.run(prompt, max_new_tokens=6, policy=FixedK(0)).token_ids == hf_greedy(target, prompt, 6)
+    assert drafter.lm.length == 0  # nothing was fed to the draft model
+
+    # Plain rounds first, then drafting: the first proposal catches up on the prompt and the plain tokens.
+    drafter.begin(prompt)
+    first = drafter.propose(3, SamplingParams(), torch.Generator())
+    assert first.catch_up_s > 0
+    drafter.commit(1, 9)
+    assert drafter.propose(3, SamplingParams(), torch.Generator()).catch_up_s == 0.0  # a steady round
+
+    # The engine hands the policy the proposal time less the catch-up: a drafter claiming its whole
+    # (tiny) proposal time was a 100 s catch-up shows the policy 0 s of drafting.
+    class Claims100s:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+        def propose(self, k, params, gen):
+            draft = self.inner.propose(k, params, gen)
+            draft.catch_up_s = 100.0 if draft.catch_up_s else 0.0
+            return draft
+
+    policy = Recording([0, 0, 0, 3, 3])
+    engine = SpeculativeEngine(TorchTarget(target), Claims100s(TorchDrafter(models["close"])))
+    got = engine.run(prompt, max_new_tokens=20, policy=policy).token_ids
+    assert got == hf_greedy(target, prompt, 20)
+    assert [k for k, _, _ in policy.seen[:5]] == [0, 0, 0, 3, 3]
+    assert policy.seen[3][2] == 0.0 and policy.seen[4][2] > 0  # the catch-up round, then a steady one
+
+
 # --- sampling: the distribution of the first two generated tokens equals the target's -------------------
 
 V = 8

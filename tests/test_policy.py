@@ -12,7 +12,7 @@ VERIFY = [0, 0.100, 0.104, 0.108, 0.112, 0.118, 0.124, 0.130, 0.138, 0.146]
 T_DRAFT = 0.01
 
 
-def simulate(policy, rates, rng):
+def simulate(policy, rates, rng, t_draft=T_DRAFT):
     """Run one round per entry of `rates` (i.i.d. acceptance for that round); return the K of each round."""
     ks = []
     for a in rates:
@@ -20,7 +20,7 @@ def simulate(policy, rates, rng):
         n = 0
         while n < k and rng.random() < a:
             n += 1
-        policy.observe(k, k, n, k * T_DRAFT, VERIFY[k + 1])
+        policy.observe(k, k, n, k * t_draft, VERIFY[k + 1])
         ks.append(k)
     return ks
 
@@ -54,8 +54,18 @@ def test_drop_drives_k_to_zero_within_bounded_rounds_and_recovers():
 
 def test_slow_draft_keeps_speculation_off():
     policy = AdaptiveK(latencies=Latencies.linear(0.2, VERIFY), prior_acceptance=0.9, k_max=8)
-    ks = simulate(policy, [0.95] * 40, random.Random(2))
+    ks = simulate(policy, [0.95] * 40, random.Random(2), t_draft=0.2)
     assert ks.count(0) >= 30
+
+
+def test_one_slow_round_does_not_switch_speculation_off():
+    """A preempted drafting step (50x its usual time) is noise, not a new latency: K stays up."""
+    policy = profiled()
+    rng = random.Random(3)
+    simulate(policy, [0.9] * 30, rng)
+    policy.observe(6, 6, 6, 50 * 6 * T_DRAFT, VERIFY[7])
+    ks = simulate(policy, [0.9] * 10, rng)
+    assert min(ks) >= 3, ks
 
 
 def test_without_profile_calibrates_then_decides():

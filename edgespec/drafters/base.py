@@ -22,6 +22,9 @@ class Draft:
 
     tokens: list[int]
     p_draft: torch.Tensor | None = None
+    # Seconds of this proposal spent catching up on context the drafter had not seen (the prompt on the first
+    # round, the tokens of rounds decoded without drafting): a one-off cost, not a cost per drafted token.
+    catch_up_s: float = 0.0
 
     def __len__(self) -> int:
         return len(self.tokens)

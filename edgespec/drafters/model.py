@@ -1,11 +1,15 @@
 """A drafter that runs a (smaller) causal LM: any `CausalLM` backend, torch or ONNX Runtime.
 
 It decodes K tokens one at a time from its own cache, then crops that cache to the accepted length on
-`commit`. Tokens committed but not yet in its cache (the target's correction, or many tokens while
-speculation was off) are fed in one batch at the next `propose`.
+`commit`. Tokens committed but not yet in its cache (the prompt, the target's correction, or many tokens while
+speculation was off) are fed in one batch at the next `propose`: a request that never drafts (K = 0 from the
+profile) never pays the draft model's prefill. Such a catch-up is timed apart (`Draft.catch_up_s`) so K
+policies do not mistake a prefill for a slow draft token.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -13,6 +17,9 @@ from ..lm import CausalLM, TorchLM
 from ..sampling import SamplingParams, probs_from_logits
 from ..target import CachedPrefix
 from .base import Draft
+
+
+CATCH_UP = 2  # a first feed longer than this is a catch-up (timed apart), not part of drafting
 
 
 class ModelDrafter:
@@ -33,7 +40,7 @@ class ModelDrafter:
     def begin(self, prompt_ids: list[int]) -> None:
         self._ids = list(prompt_ids)
         self._chain, self._rows = [], []
-        self._cache.sync(self._ids[:-1])
+        self._cache.trim(self._ids[:-1])  # keep what a previous request left in common; feed lazily
 
     def reset(self) -> None:
         self._ids, self._chain, self._rows = [], [], []
@@ -44,18 +51,26 @@ class ModelDrafter:
         k = min(k, self.max_context - len(self._ids))
         if k <= 0:
             return Draft([])
-        self._extend(k, params, generator)
+        catch_up_s = self._extend(k, params, generator)
         rows = self._rows[:k]
-        return Draft(list(self._chain[:k]), None if params.greedy else torch.stack(rows))
+        return Draft(list(self._chain[:k]), None if params.greedy else torch.stack(rows), catch_up_s)
 
     def propose_ahead(self, total: int, params: SamplingParams, generator: torch.Generator) -> None:
         """Extend the chain to `total` tokens (as if everything proposed so far will be accepted)."""
         self._extend(min(total, self.max_context - len(self._ids)), params, generator)
 
-    def _extend(self, total: int, params: SamplingParams, generator: torch.Generator) -> None:
+    def _extend(self, total: int, params: SamplingParams, generator: torch.Generator) -> float:
+        """Grow the chain to `total` tokens; return the seconds spent catching up on unseen context."""
+        catch_up_s = 0.0
         while len(self._chain) < total:
             context = self._ids + self._chain
-            logits = self._cache.feed(context[len(self._cache.ids):], 1)[-1]
+            new = context[len(self._cache.ids):]
+            # A steady round feeds 1-2 tokens first (the target's token, perhaps the last accepted draft);
+            # more is context the drafter has not seen yet.
+            start = time.perf_counter() if len(new) > CATCH_UP else 0.0
+            logits = self._cache.feed(new, 1)[-1]
+            if start:
+                catch_up_s += time.perf_counter() - start
             if params.greedy:
                 token, row = int(logits.argmax()), None
             else:
@@ -63,6 +78,7 @@ class ModelDrafter:
                 token = int(torch.multinomial(row, 1, generator=generator))
             self._chain.append(token)
             self._rows.append(row)
+        return catch_up_s
 
     def commit(self, n_accepted: int, next_token: int) -> None:
         chain = self._chain
