@@ -413,8 +413,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     from tui.app import ChatApp
 
+    # ui_nice: the UI draws in the gaps of generation instead of preempting it (see tui.app).
     app = ChatApp(factory, settings=settings, system=args.system, record=record, warning=warning,
-                  colour_origin=not args.no_color_origin)
+                  colour_origin=not args.no_color_origin, ui_nice=10)
     app.run()
     return app.return_code or 0
 

@@ -10,6 +10,7 @@ A benchmark: run it on a quiet machine with a warm cache (run `edgespec prepare`
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import pty
 import re
@@ -18,11 +19,9 @@ import signal
 import statistics
 import struct
 import sys
+import termios
 import time
 from pathlib import Path
-
-import fcntl
-import termios
 
 READY = re.compile(rb"\xc2\xb7 (onnxruntime|torch) (cpu|cuda)")  # "· onnxruntime cpu": the status bar's model line
 

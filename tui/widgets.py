@@ -129,6 +129,7 @@ class AssistantMessage(Vertical):
         self.colour = colour
         self._tail = Text()  # the coloured text after the last finished block
         self._tail_view: Static | None = None
+        self._tail_lines = 0  # wrapped lines of the tail at the last layout (0 = unknown)
         self._md_stream: MarkdownStream | None = None
         self._md_len = 0  # characters of the answer already in the Markdown widget
         self._initial = runs or []
@@ -170,15 +171,29 @@ class AssistantMessage(Vertical):
             head, self._tail = cut
             self._tail_view.update(head)
             self._tail_view = Static(self._tail, classes="block")
+            self._tail_lines = 0
             await self.query_one(".coloured").mount(self._tail_view)
         else:
-            self._tail_view.update(self._tail)
+            # A layout pass re-arranges the whole screen: only pay for one when the tail's height changes
+            # (a new wrapped line), not for every few tokens that fit on the current line.
+            lines = self._wrapped_lines(self._tail)
+            self._tail_view.update(self._tail, layout=lines != self._tail_lines)
+            self._tail_lines = lines
+
+    def _wrapped_lines(self, text: Text) -> int:
+        """Lines `text` takes in the tail view at its current width; 0 (= unknown: lay out) before the first
+        layout."""
+        width = self._tail_view.content_region.width if self._tail_view is not None else 0
+        if width <= 0:
+            return 0
+        return len(text.wrap(self.app.console, width))
 
     async def _rebuild_coloured(self) -> None:
         box = self.query_one(".coloured")
         await box.remove_children()
         self._tail = Text()
         self._tail_view = Static(self._tail, classes="block")
+        self._tail_lines = 0
         await box.mount(self._tail_view)
         for text, origin in self.runs:
             self._tail.append(text, style=DRAFT_STYLE if origin == DRAFT else None)

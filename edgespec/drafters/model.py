@@ -18,7 +18,6 @@ from ..sampling import SamplingParams, probs_from_logits
 from ..target import CachedPrefix
 from .base import Draft
 
-
 CATCH_UP = 2  # a first feed longer than this is a catch-up (timed apart), not part of drafting
 
 

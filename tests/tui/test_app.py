@@ -212,6 +212,55 @@ async def test_an_error_mid_answer_is_shown_and_the_app_stays_usable():
         assert ok.text == "Hello there, world!" and ok.marker == ""
 
 
+async def test_a_bug_in_the_session_is_shown_not_lost_with_the_thread():
+    """An unexpected exception (not an EdgespecError) on the model thread ends the answer with its message."""
+
+    class Broken(GatedSession):
+        def reply(self, messages, settings, *, system=None, cancel=None):
+            if not self.calls:
+                self.calls.append({})
+                raise KeyError("boom")
+            yield from super().reply(messages, settings, system=system, cancel=cancel)
+
+    app = make_app(Broken(gated=False))
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        failed = await turn(pilot, "hi")
+        assert failed.marker == "[error] KeyError: 'boom'"
+        ok = await turn(pilot, "again")
+        assert ok.text == "Hello there, world!"
+
+
+async def test_the_model_thread_keeps_its_priority_when_the_ui_lowers_its_own():
+    """`ui_nice`: the model thread, started first, keeps normal priority; the UI thread drops to the nice value."""
+    import os
+    import sys
+    import threading
+
+    from tui.app import ModelThread, lower_thread_priority
+
+    if not sys.platform.startswith("linux"):
+        pytest.skip("per-thread nice values are Linux's")
+    seen = {}
+
+    def ui():  # a stand-in UI thread, so the test runner's own thread keeps its priority
+        model = ModelThread()
+        seen["lowered"] = lower_thread_priority(10)
+        seen["ui"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        done = threading.Event()
+        model.submit(lambda: (seen.__setitem__("model", os.getpriority(os.PRIO_PROCESS, threading.get_native_id())),
+                              done.set()))
+        done.wait(5)
+        model.close()
+
+    base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    t = threading.Thread(target=ui)
+    t.start()
+    t.join(10)
+    assert seen["lowered"] and seen["ui"] == max(base, 10)
+    assert seen["model"] == base
+
+
 async def test_a_factory_error_exits_nonzero_with_the_message():
     def factory(progress):
         progress("downloading…")
