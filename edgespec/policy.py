@@ -57,9 +57,9 @@ class AdaptiveK:
     """
 
     def __init__(self, *, latencies=None, prior_acceptance: list[float] | float = 0.6, k_max: int = 8,
-                 decay: float = 0.8, prior_weight: float = 1.0, overlap: bool = False, probe_every: int = 8,
+                 decay: float = 0.95, prior_weight: float = 1.0, overlap: bool = False, probe_every: int = 8,
                  probe_k: int = 2, margin: float = 0.02, calibration_ks: tuple[int, ...] = (0, 2, 4),
-                 window: int = 9):
+                 window: int = 9, fast_decay: float = 0.7, drop: float = 0.3):
         from .costmodel import Latencies  # noqa: F401  (documented type of `latencies`)
 
         self.k_max = check_k(k_max)
@@ -77,6 +77,12 @@ class AdaptiveK:
         # as rounds accumulate (a fixed prior would cap how far real data can move the estimate).
         self.reached = [float(prior_weight)] * self.k_max
         self.accepted = [float(prior_weight) * p for p in self.prior]
+        # A second, fast-fading copy of the counts watches for a sudden drop (the text stopped being
+        # predictable): the slow counts are stable on ordinary noise, the fast ones react within a few rounds.
+        self.fast_decay = fast_decay
+        self.drop = drop
+        self.reached_fast = list(self.reached)
+        self.accepted_fast = list(self.accepted)
         # Latency estimates: verify[n] in seconds, draft per token in seconds; None = not known yet.
         self.verify: dict[int, float] = {}
         self.draft_per_token: float | None = None
@@ -103,11 +109,18 @@ class AdaptiveK:
     # -- estimates ------------------------------------------------------------------------------------
     def conditional_acceptance(self) -> list[float]:
         """Per-position conditional rates from the aged counts. A position with little weight left leans on
-        the rate of the position before it (acceptance changes smoothly with depth)."""
+        the rate of the position before it (acceptance changes smoothly with depth). The slow counts unless
+        the fast ones show the first position's rate moved by more than `drop` (a sudden drop, or a recovery
+        seen by a probe): then the fast ones."""
+        slow = self._rates(self.accepted, self.reached)
+        fast = self._rates(self.accepted_fast, self.reached_fast)
+        return fast if abs(fast[0] - slow[0]) > self.drop else slow
+
+    def _rates(self, accepted: list[float], reached: list[float]) -> list[float]:
         out = []
         for i in range(self.k_max):
             lean = self.prior[0] if i == 0 else out[-1]
-            out.append((self.accepted[i] + 0.5 * lean) / (self.reached[i] + 0.5))
+            out.append((accepted[i] + 0.5 * lean) / (reached[i] + 0.5))
         return out
 
     def survival(self) -> list[float]:
@@ -159,15 +172,17 @@ class AdaptiveK:
     def observe(self, k: int, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
         # Only rounds that drafted age the acceptance counts: while speculation is off nothing is learnt
         # about acceptance, and only a probe should bring it back.
-        for i in range(self.k_max if n_drafted else 0):
-            self.reached[i] *= self.decay
-            self.accepted[i] *= self.decay
-        for i in range(min(n_drafted, self.k_max)):
-            if i > n_accepted:
-                break
-            self.reached[i] += 1  # position i was drafted and every draft before it was accepted
-            if i < n_accepted:
-                self.accepted[i] += 1
+        for reached, accepted, decay in ((self.reached, self.accepted, self.decay),
+                                         (self.reached_fast, self.accepted_fast, self.fast_decay)):
+            for i in range(self.k_max if n_drafted else 0):
+                reached[i] *= decay
+                accepted[i] *= decay
+            for i in range(min(n_drafted, self.k_max)):
+                if i > n_accepted:
+                    break
+                reached[i] += 1  # position i was drafted and every draft before it was accepted
+                if i < n_accepted:
+                    accepted[i] += 1
         # Latencies: medians of the last few rounds. A round is a few milliseconds, so one preempted round on a
         # busy machine can take 10x its usual time; a mean would let that single spike switch speculation off.
         n = n_drafted + 1

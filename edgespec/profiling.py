@@ -243,7 +243,7 @@ def policy_from_profile(profile: Profile | None, drafter: str, temperature: floa
         prev = s
     lat = profile.latencies(drafter)
     # A measured profile is worth a few rounds of evidence (prior_weight), which age away like real rounds.
-    return AdaptiveK(latencies=lat, prior_acceptance=cond or 0.6, k_max=min(k_max, lat.k_max), prior_weight=4.0,
+    return AdaptiveK(latencies=lat, prior_acceptance=cond or 0.6, k_max=min(k_max, lat.k_max), prior_weight=16.0,
                      overlap=overlap)
 
 
