@@ -271,7 +271,8 @@ def markdown(result: BenchResult) -> str:
                  f"peak RSS {result.peak_rss_mb:.0f} MiB; bench wall time {result.wall_s:.0f} s")
     lines += ["", "## Overall", "",
               "tok/s and speed-up count the whole request (prefill included, as a user waits for it); decode counts "
-              "the time after prefill (the drafter's own prefill is in the prefill).", "",
+              "the time after the target's prefill (the draft model's prefill is done at its first drafted round, so it "
+              "counts in decode).", "",
               "| config | tok/s | speed-up | decode tok/s | decode speed-up | tau | acceptance | acceptance per position | draft share | greedy mismatches |",
               "|---|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for c in configs:

@@ -17,7 +17,9 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None,
+                   help="sampling seed: the same seed and a fixed --k give the same answer (with --k auto the K of "
+                        "each round follows measured timings, so a seed gives another sample of the same distribution)")
     p.add_argument("--max-new-tokens", type=int, default=256)
 
 
