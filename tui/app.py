@@ -75,7 +75,10 @@ class Turn:
 
 
 class ModelThread:
-    """A daemon thread that runs jobs (loading the session, then each answer) one after another."""
+    """A daemon thread that runs jobs (loading the session, then each answer) one after another.
+
+    Not a `ThreadPoolExecutor(max_workers=1)`: its worker is not a daemon and is joined at exit, so quitting
+    during a first-run download and conversion would wait minutes for it to finish."""
 
     def __init__(self):
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()

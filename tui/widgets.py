@@ -177,7 +177,7 @@ class AssistantMessage(Vertical):
             # A layout pass re-arranges the whole screen: only pay for one when the tail's height changes
             # (a new wrapped line), not for every few tokens that fit on the current line.
             lines = self._wrapped_lines(self._tail)
-            self._tail_view.update(self._tail, layout=lines != self._tail_lines)
+            self._tail_view.update(self._tail, layout=lines == 0 or lines != self._tail_lines)
             self._tail_lines = lines
 
     def _wrapped_lines(self, text: Text) -> int:

@@ -37,6 +37,13 @@ async def send(pilot, text: str) -> None:
     await pilot.press("enter")
 
 
+async def first_chunk_shown(pilot, session: GatedSession, text: str) -> None:
+    """Send `text` to a gated session, let its first chunk through and wait until it is on screen."""
+    await send(pilot, text)
+    session.release()
+    await wait_until(pilot, lambda: answers(pilot.app) and answers(pilot.app)[0].text == "Hello there")
+
+
 async def turn(pilot, text: str) -> AssistantMessage:
     """Send `text` to an ungated session and wait for the whole answer."""
     n = len(answers(pilot.app))
@@ -74,9 +81,7 @@ async def test_escape_cancels_and_keeps_the_partial_answer():
     app = make_app(session)
     async with app.run_test() as pilot:
         await ready(pilot)
-        await send(pilot, "hi")
-        session.release()
-        await wait_until(pilot, lambda: answers(app) and answers(app)[0].text == "Hello there")
+        await first_chunk_shown(pilot, session, "hi")
         await pilot.press("escape")
         await wait_until(pilot, lambda: not app.generating, what="the turn to stop")
         view = answers(app)[0]
@@ -148,9 +153,7 @@ async def test_ctrl_n_while_streaming_cancels_and_the_old_chat_keeps_its_partial
     app = make_app(session)
     async with app.run_test() as pilot:
         await ready(pilot)
-        await send(pilot, "first")
-        session.release()
-        await wait_until(pilot, lambda: answers(app) and answers(app)[0].text == "Hello there")
+        await first_chunk_shown(pilot, session, "first")
         old = app.record
         await pilot.press("ctrl+n")
         await wait_until(pilot, lambda: not app.generating)

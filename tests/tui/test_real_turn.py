@@ -26,6 +26,16 @@ def build(path) -> ChatSession:
     return ChatSession(engine, tokenizer, target_description="tiny-llama (random)", draft_description="ngram")
 
 
+async def one_turn(app: ChatApp, prompt: str, *, load_timeout: float, turn_timeout: float) -> tuple[AssistantMessage, str]:
+    """Start `app`, wait for its session, send `prompt`, wait for the whole answer: (the answer, the status)."""
+    async with app.run_test() as pilot:
+        await wait_until(pilot, lambda: app.session is not None, timeout=load_timeout)
+        app.query_one("#prompt").insert(prompt)
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.query(AssistantMessage) and not app.generating, timeout=turn_timeout)
+        return app.query_one(AssistantMessage), str(app.query_one("#status").content)
+
+
 @pytest.mark.asyncio
 async def test_one_real_turn(tiny_dir):
     lines = []
@@ -36,15 +46,9 @@ async def test_one_real_turn(tiny_dir):
         return build(tiny_dir)
 
     app = ChatApp(factory, settings={"max_new_tokens": 24, "k": 3})
-    async with app.run_test() as pilot:
-        await wait_until(pilot, lambda: app.session is not None, timeout=30)
-        app.query_one("#prompt").insert("hello there")
-        await pilot.press("enter")
-        await wait_until(pilot, lambda: app.query(AssistantMessage) and not app.generating, timeout=30)
-        view = app.query_one(AssistantMessage)
-        assert view.marker == ""
-        status = str(app.query_one("#status").content)
-        assert "tiny-llama (random)" in status and "tok/s" in status
+    view, status = await one_turn(app, "hello there", load_timeout=30, turn_timeout=30)
+    assert view.marker == ""
+    assert "tiny-llama (random)" in status and "tok/s" in status
 
     # the same greedy turn outside the app gives the same text
     direct = "".join(c.text for c in build(tiny_dir).reply([{"role": "user", "content": "hello there"}],
@@ -66,13 +70,7 @@ async def test_one_real_turn_on_smollm2():
         return build_session(args, progress=lambda line: (progress_lines.append(line), progress(line)))
 
     app = ChatApp(factory, settings={"max_new_tokens": 24, "k": 3})
-    async with app.run_test() as pilot:
-        await wait_until(pilot, lambda: app.session is not None, timeout=300)
-        app.query_one("#prompt").insert("What is the capital of France?")
-        await pilot.press("enter")
-        await wait_until(pilot, lambda: app.query(AssistantMessage) and not app.generating, timeout=120)
-        view = app.query_one(AssistantMessage)
-        status = str(app.query_one("#status").content)
-        assert "SmolLM2" in status and "tok/s" in status
+    view, status = await one_turn(app, "What is the capital of France?", load_timeout=300, turn_timeout=120)
+    assert "SmolLM2" in status and "tok/s" in status
     assert "Paris" in view.text
     assert any("ready" in line for line in progress_lines)
