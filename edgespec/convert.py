@@ -164,13 +164,17 @@ def _dequantise_gguf(gguf_path: Path, out: Path) -> str:
 
 def hf_to_onnx(hf_dir: Path | str, *, precision: str = "int4", block_size: int = INT4_BLOCK_SIZE,
                symmetric: bool = INT4_SYMMETRIC, accuracy_level: int = INT4_ACCURACY_LEVEL,
-               lm_head_int8: bool = INT4_LM_HEAD_INT8, quantize_embedding: bool = INT4_QUANTIZE_EMBEDDING) -> Path:
+               lm_head_int8: bool = INT4_LM_HEAD_INT8, quantize_embedding: bool = INT4_QUANTIZE_EMBEDDING,
+               last_logits_only: bool = False) -> Path:
     """An ONNX decoder with a KV cache (onnxruntime-genai builder layout) for a transformers checkpoint dir.
 
     `precision` is "int4" or "int8" (MatMulNBits weights in blocks of `block_size`, `symmetric` or with zero
     points; `accuracy_level` 4 quantises activations to int8, 0 keeps them float) or "fp32". For "int4",
     `lm_head_int8` keeps the LM head in 8 bits and `quantize_embedding` stores the embedding table in 4 bits
     instead of float32 (ORT's quantised Gather has no 8-bit form, so "int8" leaves it float32).
+    `last_logits_only` prunes the LM head to the last position of each call (the builder's `prune_lm_head`):
+    a drafter only ever needs that one row, and its prefill of a long prompt then skips a vocabulary-sized
+    matmul per prompt token. A target verifying K+1 positions needs them all, so it keeps the full head.
     Cached on the checkpoint's files (config, weights, tokenizer) and on the options.
     """
     hf_dir = Path(hf_dir).resolve()
@@ -184,6 +188,8 @@ def hf_to_onnx(hf_dir: Path | str, *, precision: str = "int4", block_size: int =
         options = {"precision": "fp32"}
     else:
         raise EdgespecError(f"unknown ONNX precision {precision!r}; use 'int4', 'int8' or 'fp32'")
+    if last_logits_only:
+        options["last_logits_only"] = True
     try:
         builder_version = importlib.metadata.version("onnxruntime-genai")
     except importlib.metadata.PackageNotFoundError:
@@ -226,6 +232,8 @@ def _builder_args(hf_dir: Path, out: Path, options: dict) -> list[str]:
         extra["matmul_mixed_precision"] = "last_matmul:int8"
     if options.get("quantize_embedding"):
         extra["op_types_to_quantize"] = "MatMul/Gather"
+    if options.get("last_logits_only"):
+        extra["prune_lm_head"] = "true"
     # For tied models the builder defaults to one matrix shared by embedding and LM head, and ORT 1.32
     # then rejects the INT4 graph ("Type (tensor(uint8)) of output arg (/model/embed_tokens/Reshape/output_0)
     # ... does not match expected type (tensor(float))"). Untied models get false anyway: one code path.

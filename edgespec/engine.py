@@ -121,8 +121,13 @@ class SpeculativeEngine:
                 remaining = max_new_tokens - len(generated)
                 room = target.max_context - len(seq)
                 # A round emits at most K+1 tokens and grows the target cache to len(seq)+K: stay inside both.
-                k = min(policy.next_k(), MAX_K, remaining - 1, room - 1) if drafter is not None else 0
-                k = max(k, 0)
+                if drafter is not None:
+                    # The policy also hears how many tokens are left and how far behind the drafter is: a
+                    # draft model's lazy prefill of a long prompt must be repaid by the rest of the answer.
+                    k = policy.next_k(remaining=remaining, lag=getattr(drafter, "lag", 0))
+                    k = max(min(k, MAX_K, remaining - 1, room - 1), 0)
+                else:
+                    k = 0
 
                 t0 = time.perf_counter()
                 draft = Draft([])
@@ -164,7 +169,8 @@ class SpeculativeEngine:
                 if reason is None and stop is not None and stop(generated):
                     reason = STOP_STRING
                 # The policy learns the cost per drafted token: a catch-up (the draft model's prefill) is not.
-                policy.observe(k, len(draft), verdict.n_accepted, max(t1 - t0 - draft.catch_up_s, 0.0), t2 - t1)
+                policy.observe(k, len(draft), verdict.n_accepted, max(t1 - t0 - draft.catch_up_s, 0.0), t2 - t1,
+                               catch_up_s=draft.catch_up_s, catch_up_tokens=draft.catch_up_tokens)
                 yield Step(
                     tokens=emitted,
                     n_from_draft=min(verdict.n_accepted, len(emitted)),

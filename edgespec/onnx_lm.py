@@ -124,6 +124,8 @@ class OnnxLM:
         kv_heads = past.shape[1] if isinstance(past.shape[1], int) else decoder.get("num_key_value_heads")
         head_dim = past.shape[3] if isinstance(past.shape[3], int) else decoder.get("head_size")
         vocab = outputs[self._logits].shape[-1]
+        # A pruned LM head (`hf_to_onnx(..., last_logits_only=True)`, for drafters) yields one row per call.
+        self.last_logits_only = outputs[self._logits].shape[1] == 1
         vocab = vocab if isinstance(vocab, int) else model_cfg.get("vocab_size")
         context = model_cfg.get("context_length") or genai.get("search", {}).get("max_length")
         if not all(isinstance(v, int) for v in (kv_heads, head_dim, vocab, context)):
@@ -160,6 +162,9 @@ class OnnxLM:
         n = len(ids)
         if not 0 <= logits_for <= n:
             raise ValueError(f"logits_for={logits_for} must be between 0 and {n}")
+        if logits_for > 1 and self.last_logits_only:
+            raise ValueError(f"{self.description} computes the last position's logits only (pruned LM head), "
+                             f"asked for {logits_for}; use a model exported without last_logits_only")
         total = self._length + n
         if total > self.max_context:
             raise ValueError(f"{total} tokens exceed the model's context of {self.max_context}")
@@ -177,7 +182,8 @@ class OnnxLM:
         if logits_for == 0:
             return torch.empty(0, self.vocab_size)
         logits = io.get_outputs()[0].numpy()
-        return torch.from_numpy(np.ascontiguousarray(logits[0, n - logits_for:], dtype=np.float32))
+        rows = logits.shape[1]
+        return torch.from_numpy(np.ascontiguousarray(logits[0, rows - logits_for:], dtype=np.float32))
 
     def crop(self, length: int) -> None:
         if not 0 <= length <= self._length:

@@ -23,9 +23,13 @@ def check_k(k: int) -> int:
 
 
 class KPolicy(Protocol):
-    def next_k(self) -> int: ...
+    def next_k(self, *, remaining: int | None = None, lag: int = 0) -> int:
+        """K for the next round. `remaining`: tokens the request may still emit; `lag`: tokens the drafter
+        must feed before it can draft (its lazy prefill), a one-off cost on top of drafting K."""
 
-    def observe(self, k: int, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float) -> None: ...
+    def observe(self, k: int, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float, *,
+                catch_up_s: float = 0.0, catch_up_tokens: int = 0) -> None:
+        """A finished round: `draft_s` excludes the catch-up (`catch_up_s` for `catch_up_tokens` tokens)."""
 
 
 class FixedK:
@@ -34,10 +38,11 @@ class FixedK:
     def __init__(self, k: int):
         self.k = check_k(k)
 
-    def next_k(self) -> int:
+    def next_k(self, *, remaining: int | None = None, lag: int = 0) -> int:
         return self.k
 
-    def observe(self, k: int, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
+    def observe(self, k: int, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float, *,
+                catch_up_s: float = 0.0, catch_up_tokens: int = 0) -> None:
         pass
 
     def __repr__(self) -> str:
@@ -54,12 +59,19 @@ class AdaptiveK:
     K values. When no K is predicted to beat plain decoding, K = 0, with a probe round every `probe_every`
     rounds (the interval doubles while probes keep losing) so speculation comes back when the text turns
     predictable again.
+
+    A draft model's prefill is lazy (`lag` tokens it has not seen, the whole prompt at the start of a request):
+    the first drafted round pays it once. Drafting starts only when the time the predicted speed-up saves over
+    the rest of the answer (the remaining budget, capped by the median length of recent answers) repays that
+    catch-up, priced per token from measured catch-ups (`catch_up_ratio` x the per-token draft time until one
+    is measured). On a long prompt with a short answer that keeps K at 0 instead of paying a prefill for
+    nothing.
     """
 
     def __init__(self, *, latencies=None, prior_acceptance: list[float] | float = 0.6, k_max: int = 8,
                  decay: float = 0.95, prior_weight: float = 1.0, overlap: bool = False, probe_every: int = 8,
                  probe_k: int = 2, margin: float = 0.02, calibration_ks: tuple[int, ...] = (0, 2, 4),
-                 window: int = 9, fast_decay: float = 0.7, drop: float = 0.3):
+                 window: int = 9, fast_decay: float = 0.7, drop: float = 0.3, catch_up_ratio: float = 0.15):
         from .costmodel import Latencies  # noqa: F401  (documented type of `latencies`)
 
         self.k_max = check_k(k_max)
@@ -105,6 +117,13 @@ class AdaptiveK:
         self.rounds_off = 0
         self.last_prediction = 1.0
         self.history: list[int] = []
+        # Catch-up (the draft model's lazy prefill): seconds per fed token, measured; answer lengths seen.
+        self.catch_up_ratio = catch_up_ratio
+        self.catch_up_per_token: float | None = None
+        self.answer_lengths: deque[int] = deque(maxlen=window)
+        self._emitted = 0  # tokens of the current request so far (rounds observed since the last new request)
+        self._last_remaining: int | None = None
+        self.waiting = 0  # rounds at K = 0 because the catch-up would not be repaid
 
     # -- estimates ------------------------------------------------------------------------------------
     def conditional_acceptance(self) -> list[float]:
@@ -142,15 +161,20 @@ class AdaptiveK:
         return Latencies.linear(self.draft_per_token, verify)
 
     # -- policy ---------------------------------------------------------------------------------------
-    def next_k(self) -> int:
+    def next_k(self, *, remaining: int | None = None, lag: int = 0) -> int:
+        if remaining is not None:
+            if self._last_remaining is not None and remaining > self._last_remaining and self._emitted:
+                self.answer_lengths.append(self._emitted)  # a new request began: the last one is finished
+                self._emitted = 0
+            self._last_remaining = remaining
         if self._calibration:
             k = self._calibration.pop(0)
         else:
-            k = self._solve()
+            k = self._solve(remaining, lag)
         self.history.append(k)
         return k
 
-    def _solve(self) -> int:
+    def _solve(self, remaining: int | None = None, lag: int = 0) -> int:
         from .costmodel import best_k
 
         lat = self.latencies()
@@ -159,17 +183,44 @@ class AdaptiveK:
         k, predicted = best_k(self.survival(), lat, overlap=self.overlap, margin=self.margin)
         self.last_prediction = predicted
         if k > 0:
+            if not self.repays(predicted, remaining, lag, lat.verify[1]):
+                self.waiting += 1
+                return 0
             self.rounds_off = 0
             self.probe_every = self.probe_every_base
             return k
         self.rounds_off += 1
-        if self.rounds_off >= self.probe_every:
+        # A probe is worth a round or so of plain decoding, not a prefill of the whole prompt.
+        if self.rounds_off >= self.probe_every and self.catch_up_cost(lag) <= lat.verify[1]:
             self.rounds_off = 0
             self.probe_every = min(self.probe_every * 2, 256)
             return self.probe_k
         return 0
 
-    def observe(self, k: int, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float) -> None:
+    def catch_up_cost(self, lag: int) -> float:
+        """Seconds the drafter needs to feed `lag` unseen tokens before drafting (estimated)."""
+        if lag <= 2:  # a steady round feeds the target's last token (and perhaps one more): part of drafting
+            return 0.0
+        per = self.catch_up_per_token
+        if per is None:
+            per = self.catch_up_ratio * (self.draft_per_token or 0.0)
+        return lag * per
+
+    def repays(self, predicted: float, remaining: int | None, lag: int, t_plain: float) -> bool:
+        """Does drafting at `predicted` speed-up save more than the catch-up costs, over the tokens left?"""
+        cost = self.catch_up_cost(lag)
+        if cost == 0.0 or remaining is None:
+            return True
+        horizon = remaining
+        if self.answer_lengths:
+            horizon = min(horizon, statistics.median(self.answer_lengths))
+        return horizon * t_plain * (1.0 - 1.0 / predicted) > cost
+
+    def observe(self, k: int, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float, *,
+                catch_up_s: float = 0.0, catch_up_tokens: int = 0) -> None:
+        self._emitted += min(n_accepted, n_drafted) + 1
+        if catch_up_tokens >= 16 and catch_up_s > 0:  # short feeds are dominated by per-call overhead
+            self.catch_up_per_token = self._recent("catch_up", catch_up_s / catch_up_tokens)
         # Only rounds that drafted age the acceptance counts: while speculation is off nothing is learnt
         # about acceptance, and only a probe should bring it back.
         for reached, accepted, decay in ((self.reached, self.accepted, self.decay),

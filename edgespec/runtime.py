@@ -236,7 +236,8 @@ def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onn
 
     onnx_dir = source.onnx_dir
     if onnx_dir is None:
-        onnx_dir = hf_to_onnx(source.hf_dir, precision=onnx_precision)
+        # A drafter needs the last position's logits only: its prefill then skips the vocabulary-sized matmul.
+        onnx_dir = hf_to_onnx(source.hf_dir, precision=onnx_precision, last_logits_only=role == "draft")
     threads = spec.draft_threads or spec.threads if role == "draft" else spec.threads
     return OnnxLM(onnx_dir, threads=threads, device="cuda" if device.startswith("cuda") else "cpu", name=role)
 
@@ -362,5 +363,5 @@ def prepare_pair(pair: str, *, drafters: tuple[str, ...] | None = None, progress
                 out["draft (transformers)"] = draft.hf_dir
                 for d in model_drafters:
                     if d != "torch":
-                        out[f"draft (onnx {d})"] = hf_to_onnx(draft.hf_dir, precision=d)
+                        out[f"draft (onnx {d})"] = hf_to_onnx(draft.hf_dir, precision=d, last_logits_only=True)
         return out

@@ -110,7 +110,7 @@ def draft_table(shape: dict, context: int, k_max: int, repeats: int, threads: in
     model.save_pretrained(hf_dir)
     _tokenizer_files(hf_dir, shape["vocab_size"])
     del model
-    onnx_dir = hf_to_onnx(hf_dir, precision="int4")
+    onnx_dir = hf_to_onnx(hf_dir, precision="int4", last_logits_only=True)  # as the runtime builds drafters
     lm = OnnxLM(onnx_dir, threads=threads, name="draft")
     drafter = ModelDrafter(lm, name="int4")
     ids = [(i * 7919) % lm.vocab_size for i in range(context)]

@@ -1,7 +1,7 @@
 """Compare K policies without timing noise: replay greedy acceptance traces through a latency table.
 
     python scripts/policy_sim.py [--pair smollm2-135m] [--drafter int8] [--profile PATH] [--all-prompts]
-                                 [--max-new-tokens 128] [--traces FILE]
+                                 [--max-new-tokens 128] [--traces FILE] [--catch-up-ms MS]
 
 With greedy decoding on both sides the whole run is determined by one number per output position i: how many
 of the drafter's greedy tokens from the context prompt + output[:i] match the target's output (m_i, up to
@@ -56,15 +56,22 @@ def record_traces(pair: str, drafter_name: str, max_new: int, all_prompts: bool,
     return out
 
 
-def replay(policy, m: list[int], lat) -> float:
-    """Seconds to produce the trace's tokens under `policy` (the policy sees the rounds as they happen)."""
+def replay(policy, m: list[int], lat, prompt_len: int = 0, catch_up_s: float = 0.0) -> float:
+    """Seconds to produce the trace's tokens under `policy` (the policy sees the rounds as they happen).
+    A draft model's lazy prefill is charged as in the engine: the first drafted round feeds every token the
+    drafter has not seen (`prompt_len`, then one per round decoded without drafting) at `catch_up_s` each."""
     i, t, n = 0, 0.0, len(m)
+    lag = prompt_len
     while i < n:
-        k = max(0, min(policy.next_k(), n - i - 1, lat.k_max))
+        k = max(0, min(policy.next_k(remaining=n - i, lag=lag), n - i - 1, lat.k_max))
         a = min(k, m[i])
         d, v = lat.draft[k], lat.verify[k + 1]
-        t += d + v
-        policy.observe(k, k, a, d, v)
+        c, fed = 0.0, 0
+        if k > 0 and lag > 2:
+            c, fed = lag * catch_up_s, lag
+        t += c + d + v
+        policy.observe(k, k, a, d, v, catch_up_s=c, catch_up_tokens=fed)
+        lag = 1 if k > 0 else lag + 1
         i += a + 1
     return t
 
@@ -78,6 +85,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--traces", default=None, help="JSON file: read traces from it if it exists, else record and write")
     ap.add_argument("--temperature", type=float, default=0.0, help="band of the profile's prior (traces are greedy)")
+    ap.add_argument("--catch-up-ms", type=float, default=0.0,
+                    help="draft model prefill per unseen token, ms (charged once per request; 0 = free)")
     args = ap.parse_args()
 
     from edgespec.costmodel import Latencies
@@ -118,7 +127,8 @@ def main() -> None:
     for name, make in policies.items():
         for c in cats:
             tokens = sum(len(t["m"]) for t in traces if t["category"] == c)
-            secs = sum(replay(make(), t["m"], lat) for t in traces if t["category"] == c)
+            secs = sum(replay(make(), t["m"], lat, t["prompt_len"], args.catch_up_ms / 1000)
+                       for t in traces if t["category"] == c)
             speed[name][c] = tokens / secs
     base = speed["K=0"]
     print(f"profile {profile.path}; drafter {args.drafter}; {len(traces)} prompts; speed-up over K=0 per category")
@@ -130,7 +140,7 @@ def main() -> None:
     print("| auto / best fixed | " + " | ".join(f"{speed['auto'][c] / best[c]:.3f}" for c in cats) + " |")
     probe = policy_from_profile(profile, args.drafter, args.temperature)
     for t in traces:
-        replay(probe, t["m"], lat)
+        replay(probe, t["m"], lat, t["prompt_len"], args.catch_up_ms / 1000)
     counts = {k: probe.history.count(k) for k in sorted(set(probe.history))}
     print(f"K chosen by the shared auto policy over all prompts (K: rounds): {counts}")
 

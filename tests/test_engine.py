@@ -198,10 +198,10 @@ class Recording(FixedK):
         super().__init__(0)
         self.ks, self.seen = list(ks), []
 
-    def next_k(self):
+    def next_k(self, **state):
         return self.ks.pop(0) if self.ks else 0
 
-    def observe(self, k, n_drafted, n_accepted, draft_s, verify_s):
+    def observe(self, k, n_drafted, n_accepted, draft_s, verify_s, **catch_up):
         self.seen.append((k, n_drafted, draft_s))
 
 

@@ -138,6 +138,7 @@ def exports(tmp_path_factory):
             "hf": hf,
             "fp32": hf_to_onnx(hf, precision="fp32"),
             "int4": hf_to_onnx(hf, precision="int4"),
+            "int4_last": hf_to_onnx(hf, precision="int4", last_logits_only=True),
             "tied_int4": hf_to_onnx(tied_hf, precision="int4"),
             "gguf": gguf_path,
             "gguf_expected": gguf_expected,
@@ -371,7 +372,23 @@ def _greedy(target, drafter, prompt, k, n=40):
     return SpeculativeEngine(target, drafter).run(prompt, max_new_tokens=n, policy=FixedK(k)).token_ids
 
 
-@pytest.mark.parametrize("draft_precision", ["fp32", "int4"])
+def test_last_logits_only_export_gives_the_full_heads_last_row(exports):
+    """A drafter's export prunes the LM head to the last position: same last row, one row only."""
+    full = OnnxLM(exports["int4"], threads=1)
+    last = OnnxLM(exports["int4_last"], threads=1)
+    assert last.last_logits_only and not full.last_logits_only
+    for chunk in (PROMPT, [33], [50, 51, 52]):
+        expected = full.feed(chunk, 1)
+        got = last.feed(chunk, 1)
+        assert got.shape == (1, 96)
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert last.feed([60, 61], 0).shape == (0, 96)
+    assert last.length == full.length + 2
+    with pytest.raises(ValueError, match="last position's logits only"):
+        last.feed([62, 63], 2)
+
+
+@pytest.mark.parametrize("draft_precision", ["fp32", "int4", "int4_last"])
 def test_onnx_drafter_greedy_equals_target_only(exports, draft_precision):
     from edgespec.drafters import ModelDrafter
     from edgespec.target import TorchTarget

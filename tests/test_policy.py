@@ -116,3 +116,45 @@ def test_prior_fades_as_rounds_accumulate():
 def test_fixed_k_range(k):
     with pytest.raises(EdgespecError):
         FixedK(k)
+
+
+def test_catch_up_must_be_repaid_by_the_rest_of_the_answer():
+    """The draft model's lazy prefill of a long prompt is a one-off cost: with a short answer left, drafting
+    would not repay it, so K stays 0; with a short lag (or a long answer ahead) the same acceptance drafts."""
+    policy = profiled()
+    simulate(policy, [0.9] * 20, random.Random(5))
+    assert policy.next_k(remaining=400, lag=1) >= 3  # steady state: nothing to catch up
+    policy.catch_up_per_token = 0.002  # 2 ms per unseen token, as measured from earlier catch-ups
+    # 600 unseen tokens = 1.2 s; 20 tokens at 0.1 s save far less than that even at a large speed-up
+    assert policy.next_k(remaining=20, lag=600) == 0
+    assert policy.waiting == 1
+    # a long answer ahead repays it
+    assert policy.next_k(remaining=2000, lag=600) >= 3
+
+
+def test_catch_up_price_is_measured_and_answer_lengths_cap_the_horizon():
+    policy = profiled()
+    simulate(policy, [0.9] * 20, random.Random(6))
+    policy.observe(4, 4, 4, 0.04, VERIFY[5], catch_up_s=0.3, catch_up_tokens=300)
+    assert policy.catch_up_per_token == pytest.approx(0.001)
+    # three requests that each ended after about 10 tokens (the budget was 500 every time)
+    for _ in range(3):
+        remaining = 500
+        while remaining > 490:
+            k = policy.next_k(remaining=remaining, lag=1)
+            policy.observe(k, k, k, k * T_DRAFT, VERIFY[k + 1])
+            remaining -= k + 1
+    assert policy.next_k(remaining=500, lag=1) > 0  # the fourth request starts; the third is counted now
+    # the rounds before (no budget given) count as one long first answer; the three short ones follow
+    assert list(policy.answer_lengths)[-2:] == [12, 12]
+    # 3000 unseen tokens = 3 s; ~12 tokens at 0.1 s save less than 1.2 s: not repaid, although 500 may follow
+    assert policy.next_k(remaining=500, lag=3000) == 0
+    assert policy.next_k(remaining=500, lag=2) > 0
+
+
+def test_probe_does_not_pay_a_long_catch_up():
+    policy = AdaptiveK(latencies=Latencies.linear(0.2, VERIFY), prior_acceptance=0.9, k_max=8, probe_every=2)
+    ks_lagging = [policy.next_k(remaining=100, lag=500) for _ in range(10)]
+    assert ks_lagging == [0] * 10  # a prefill of 500 tokens would cost more than a round of plain decoding
+    ks_caught_up = [policy.next_k(remaining=100, lag=1) for _ in range(10)]
+    assert any(k > 0 for k in ks_caught_up)  # probes still happen when drafting can start at once

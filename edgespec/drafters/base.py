@@ -25,6 +25,7 @@ class Draft:
     # Seconds of this proposal spent catching up on context the drafter had not seen (the prompt on the first
     # round, the tokens of rounds decoded without drafting): a one-off cost, not a cost per drafted token.
     catch_up_s: float = 0.0
+    catch_up_tokens: int = 0  # how many tokens that catch-up fed
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -33,6 +34,8 @@ class Draft:
 class Drafter(Protocol):
     name: str
     description: str
+    # Optional `lag` (int): committed tokens the drafter must still feed before it can draft (a draft model's
+    # prefill is lazy); K policies weigh that one-off cost against what drafting would save. Absent = 0.
 
     def begin(self, prompt_ids: list[int]) -> None:
         """Start a new request whose context is `prompt_ids`."""

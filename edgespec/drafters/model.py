@@ -45,22 +45,28 @@ class ModelDrafter:
         self._ids, self._chain, self._rows = [], [], []
         self._cache.sync([])
 
+    @property
+    def lag(self) -> int:
+        """Committed tokens not yet in the draft model's cache (the next proposal feeds them first)."""
+        return max(len(self._ids) - len(self._cache.ids), 0)
+
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
         # The drafter cannot look past its own window; proposing less is always allowed.
         k = min(k, self.max_context - len(self._ids))
         if k <= 0:
             return Draft([])
-        catch_up_s = self._extend(k, params, generator)
+        catch_up_s, catch_up_tokens = self._extend(k, params, generator)
         rows = self._rows[:k]
-        return Draft(list(self._chain[:k]), None if params.greedy else torch.stack(rows), catch_up_s)
+        return Draft(list(self._chain[:k]), None if params.greedy else torch.stack(rows), catch_up_s, catch_up_tokens)
 
     def propose_ahead(self, total: int, params: SamplingParams, generator: torch.Generator) -> None:
         """Extend the chain to `total` tokens (as if everything proposed so far will be accepted)."""
         self._extend(min(total, self.max_context - len(self._ids)), params, generator)
 
-    def _extend(self, total: int, params: SamplingParams, generator: torch.Generator) -> float:
-        """Grow the chain to `total` tokens; return the seconds spent catching up on unseen context."""
-        catch_up_s = 0.0
+    def _extend(self, total: int, params: SamplingParams, generator: torch.Generator) -> tuple[float, int]:
+        """Grow the chain to `total` tokens; return the seconds spent catching up on unseen context and how
+        many tokens that was."""
+        catch_up_s, catch_up_tokens = 0.0, 0
         while len(self._chain) < total:
             context = self._ids + self._chain
             new = context[len(self._cache.ids):]
@@ -70,6 +76,7 @@ class ModelDrafter:
             logits = self._cache.feed(new, 1)[-1]
             if start:
                 catch_up_s += time.perf_counter() - start
+                catch_up_tokens += len(new)
             if params.greedy:
                 token, row = int(logits.argmax()), None
             else:
@@ -77,7 +84,7 @@ class ModelDrafter:
                 token = int(torch.multinomial(row, 1, generator=generator))
             self._chain.append(token)
             self._rows.append(row)
-        return catch_up_s
+        return catch_up_s, catch_up_tokens
 
     def commit(self, n_accepted: int, next_token: int) -> None:
         chain = self._chain
