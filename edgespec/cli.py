@@ -307,10 +307,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
             propose[name][str(ctx)] = profiling.measure_propose(drafter, ids, k_max, repeats)
             bar.update(1)
     acceptance = {name: {} for name in drafters}
+    reach = {name: {} for name in drafters}
     for name, drafter in drafters.items():
         engine = SpeculativeEngine(target, drafter, eos_token_ids=rt.engine.eos_token_ids)
         for band, temperature in profiling.BANDS.items():
-            acceptance[name][band] = profiling.measure_acceptance(engine, calib, k_max, temperature, max_new)
+            acceptance[name][band], reach[name][band] = profiling.measure_acceptance(
+                engine, calib, k_max, temperature, max_new)
             bar.update(1)
     bar.close()
     gpus = [d["name"] for d in hw.get("cuda_devices", [])]
@@ -329,7 +331,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                      "max_new_tokens": max_new, "bands": profiling.BANDS},
         "latency": {"unit": "ms", "contexts": contexts, "verify": verify, "verify_spread": spread},
         "drafters": {name: {"description": getattr(d, "description", name), "propose": propose[name],
-                            "acceptance": acceptance[name]} for name, d in drafters.items()},
+                            "acceptance": acceptance[name], "reach": reach[name]} for name, d in drafters.items()},
     }
     profiling.predict(data, k_max)
     path = Path(args.out) if args.out else profiling.default_path(data)

@@ -13,6 +13,11 @@ is used and over-predicted the measured gain by 30-37% on the Qwen pair (docs/be
 Plain decoding costs verify(1) per token, so the expected speed-up is E(K) * verify(1) / cost(K).
 K = 0 is plain decoding (speed-up 1 by definition).
 
+A drafter may propose fewer than K tokens (an n-gram lookup with no or a weak match, a model drafter's early
+stop): then survival counts a position it did not propose as not accepted, and `Latencies.expected(reach)`
+charges each position j only with the probability `reach[j]` that a proposal reaches it, so a free drafter
+that rarely proposes is neither over-credited nor over-charged.
+
 No timing, no I/O: the profile (`edgespec.profiling`) and the policies (`edgespec.policy`) feed it numbers.
 """
 
@@ -47,6 +52,20 @@ class Latencies:
     def k_max(self) -> int:
         return min(len(self.draft) - 1, len(self.verify) - 2)
 
+
+    def expected(self, reach: Sequence[float] | None) -> Latencies:
+        """Expected costs when the drafter's proposal reaches position j (has more than j tokens) with
+        probability reach[j] when asked for more: drafting and verifying position j are paid only then."""
+        if reach is None or all(r >= 1.0 for r in reach):
+            return self
+        n = min(len(self.draft), len(self.verify) - 1)
+        draft, verify = [0.0], [self.verify[0], self.verify[1]]
+        for j in range(n - 1):
+            r = reach[j] if j < len(reach) else (reach[-1] if reach else 1.0)
+            r = min(max(r, 0.0), 1.0)
+            draft.append(draft[-1] + r * (self.draft[j + 1] - self.draft[j]))
+            verify.append(verify[-1] + r * (self.verify[j + 2] - self.verify[j + 1]))
+        return Latencies(draft, verify)
 
     @classmethod
     def linear(cls, t_draft: float, t_verify: Sequence[float]) -> Latencies:

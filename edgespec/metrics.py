@@ -16,6 +16,7 @@ class SpecMetrics:
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)  # [i]: drafts accepted at position i
     drafted_per_position: list[int] = field(default_factory=list)  # [i]: drafts proposed at position i
+    asked_per_position: list[int] = field(default_factory=list)  # [i]: rounds whose K asked for position i
     num_target_forwards: int = 0  # verification passes, prefill excluded
     num_emitted_tokens: int = 0
     num_emitted_from_draft: int = 0
@@ -29,6 +30,10 @@ class SpecMetrics:
         """Account for one engine `Step`."""
         self.k_per_round.append(step.k)
         self.num_target_forwards += 1
+        while len(self.asked_per_position) < step.k:
+            self.asked_per_position.append(0)
+        for i in range(step.k):
+            self.asked_per_position[i] += 1
         if step.n_drafted:
             self.num_drafts += 1
             self.num_draft_tokens += step.n_drafted
@@ -76,6 +81,7 @@ class SpecMetrics:
             "num_accepted_tokens": self.num_accepted_tokens,
             "accepted_per_position": list(self.accepted_per_position),
             "drafted_per_position": list(self.drafted_per_position),
+            "asked_per_position": list(self.asked_per_position),
             "acceptance_rate": self.acceptance_rate,
             "acceptance_per_position": self.acceptance_per_position(),
             "tau": self.tau,

@@ -52,8 +52,10 @@ class FixedK:
 class AdaptiveK:
     """K re-solved every round by the cost model from acceptance and latencies estimated while generating.
 
-    Acceptance: per-position conditional rates (P(draft i accepted | drafts before it accepted)), from
-    exponentially decayed counts smoothed toward a prior, so a change in the text moves K within a few rounds.
+    Acceptance: per-position conditional rates (P(draft i proposed and accepted | K asked for it and the drafts
+    before it accepted)), from exponentially decayed counts smoothed toward a prior, so a change in the text
+    moves K within a few rounds. A drafter may propose fewer than K (an n-gram lookup without a long match):
+    `reach` (P(the proposal reaches position i)) then discounts the cost of positions it seldom proposes.
     Latencies: the profile's table when there is one, rescaled by what recent rounds measure (the median of
     the last `window` rounds, robust to one preempted round); without a profile, the first rounds calibrate by trying a few
     K values. When no K is predicted to beat plain decoding, K = 0, with a probe round every `probe_every`
@@ -71,7 +73,8 @@ class AdaptiveK:
     def __init__(self, *, latencies=None, prior_acceptance: list[float] | float = 0.6, k_max: int = 8,
                  decay: float = 0.95, prior_weight: float = 1.0, overlap: bool = False, probe_every: int = 8,
                  probe_k: int = 2, margin: float = 0.02, calibration_ks: tuple[int, ...] = (0, 2, 4),
-                 window: int = 9, fast_decay: float = 0.7, drop: float = 0.3, catch_up_ratio: float = 0.15):
+                 window: int = 9, fast_decay: float = 0.7, drop: float = 0.3, catch_up_ratio: float = 0.15,
+                 prior_reach: list[float] | None = None):
         from .costmodel import Latencies  # noqa: F401  (documented type of `latencies`)
 
         self.k_max = check_k(k_max)
@@ -95,6 +98,11 @@ class AdaptiveK:
         self.drop = drop
         self.reached_fast = list(self.reached)
         self.accepted_fast = list(self.accepted)
+        # How far proposals reach: asked[i] rounds wanted position i, proposed[i] of them got a draft there.
+        reach0 = list(prior_reach or [1.0])
+        reach0 += [reach0[-1]] * (self.k_max - len(reach0))
+        self.asked = [float(prior_weight)] * self.k_max
+        self.proposed = [float(prior_weight) * min(max(r, 0.0), 1.0) for r in reach0[:self.k_max]]
         # Latency estimates: verify[n] in seconds, draft per token in seconds; None = not known yet.
         self.verify: dict[int, float] = {}
         self.draft_per_token: float | None = None
@@ -108,8 +116,8 @@ class AdaptiveK:
             self.profile_verify = {n: float(t) for n, t in enumerate(latencies.verify) if n >= 1 and t > 0}
             self.verify = dict(self.profile_verify)
             ks = [k for k in range(1, len(latencies.draft)) if latencies.draft[k] > 0]
-            if ks:
-                self.draft_per_token = sum(latencies.draft[k] / k for k in ks) / len(ks)
+            # all zeros: drafting is free (an n-gram lookup measured below the clock's resolution)
+            self.draft_per_token = sum(latencies.draft[k] / k for k in ks) / len(ks) if ks else 0.0
         self.profile_draft_per_token = self.draft_per_token
         self.window = window
         self._windows: dict[str, deque] = {}
@@ -132,6 +140,10 @@ class AdaptiveK:
         the fast ones show the first position's rate moved by more than `drop` (a sudden drop, or a recovery
         seen by a probe): then the fast ones."""
         slow = self._rates(self.accepted, self.reached)
+        if self.reach()[0] < 0.9:
+            # A drafter that proposes only sometimes (an n-gram lookup) swings between "no match" and "long
+            # match" from round to round: that is its normal state, not a sudden change, so no fast copy.
+            return slow
         fast = self._rates(self.accepted_fast, self.reached_fast)
         return fast if abs(fast[0] - slow[0]) > self.drop else slow
 
@@ -149,7 +161,12 @@ class AdaptiveK:
             out.append(s)
         return out
 
+    def reach(self) -> list[float]:
+        """P(a proposal reaches position i | K asked for it), from the aged counts."""
+        return [(p + 0.5) / (a + 0.5) for p, a in zip(self.proposed, self.asked)]
+
     def latencies(self):
+        """Expected latencies: the measured tables, each position charged as often as proposals reach it."""
         from .costmodel import Latencies
 
         if not self.verify or self.draft_per_token is None:
@@ -158,7 +175,7 @@ class AdaptiveK:
         verify = [0.0]
         for n in range(1, self.k_max + 2):
             verify.append(self.verify[n] if n in self.verify else _interpolate(self.verify, known, n))
-        return Latencies.linear(self.draft_per_token, verify)
+        return Latencies.linear(self.draft_per_token, verify).expected(self.reach())
 
     # -- policy ---------------------------------------------------------------------------------------
     def next_k(self, *, remaining: int | None = None, lag: int = 0) -> int:
@@ -180,7 +197,10 @@ class AdaptiveK:
         lat = self.latencies()
         if lat is None:  # nothing measured yet (e.g. every calibration round was cut short)
             return self.probe_k
-        k, predicted = best_k(self.survival(), lat, overlap=self.overlap, margin=self.margin)
+        # The margin guards against deciding on noise in rounds that pay for drafts; a drafter that proposes in
+        # a fraction of rounds (an n-gram lookup) risks only those, so its margin shrinks with its reach.
+        margin = self.margin * min(self.reach()[0], 1.0)
+        k, predicted = best_k(self.survival(), lat, overlap=self.overlap, margin=margin)
         self.last_prediction = predicted
         if k > 0:
             if not self.repays(predicted, remaining, lag, lat.verify[1]):
@@ -221,19 +241,28 @@ class AdaptiveK:
         self._emitted += min(n_accepted, n_drafted) + 1
         if catch_up_tokens >= 16 and catch_up_s > 0:  # short feeds are dominated by per-call overhead
             self.catch_up_per_token = self._recent("catch_up", catch_up_s / catch_up_tokens)
-        # Only rounds that drafted age the acceptance counts: while speculation is off nothing is learnt
-        # about acceptance, and only a probe should bring it back.
+        # Only rounds that asked for drafts age the counts: while speculation is off nothing is learnt about
+        # acceptance, and only a probe should bring it back. A position asked for but not proposed counts as
+        # not accepted (and, in `proposed`, as not reached).
+        asked = min(k, self.k_max)
         for reached, accepted, decay in ((self.reached, self.accepted, self.decay),
                                          (self.reached_fast, self.accepted_fast, self.fast_decay)):
-            for i in range(self.k_max if n_drafted else 0):
+            for i in range(self.k_max if asked else 0):
                 reached[i] *= decay
                 accepted[i] *= decay
-            for i in range(min(n_drafted, self.k_max)):
+            for i in range(asked):
                 if i > n_accepted:
                     break
-                reached[i] += 1  # position i was drafted and every draft before it was accepted
+                reached[i] += 1  # position i was asked for and every draft before it was accepted
                 if i < n_accepted:
                     accepted[i] += 1
+        for i in range(self.k_max if asked else 0):
+            self.asked[i] *= self.decay
+            self.proposed[i] *= self.decay
+        for i in range(asked):
+            self.asked[i] += 1
+            if i < n_drafted:
+                self.proposed[i] += 1
         # Latencies: medians of the last few rounds. A round is a few milliseconds, so one preempted round on a
         # busy machine can take 10x its usual time; a mean would let that single spike switch speculation off.
         n = n_drafted + 1
@@ -244,7 +273,7 @@ class AdaptiveK:
             self.verify[n] = self._recent(f"verify{n}", verify_s)
         if n_drafted > 0 and draft_s > 0:
             per = draft_s / n_drafted
-            if self.profile_draft_per_token:
+            if self.profile_draft_per_token:  # (a free drafter's is 0: then measured rounds set it)
                 self.draft_scale = self._recent("draft", per / self.profile_draft_per_token)
                 self.draft_per_token = self.profile_draft_per_token * self.draft_scale
             else:

@@ -92,21 +92,26 @@ def measure_propose(drafter, context_ids: list[int], k_max: int, repeats: int) -
     return out
 
 
-def measure_acceptance(engine, prompts: list[list[int]], k_max: int, temperature: float, max_new: int) -> list[float]:
-    """Survival per draft position (P(first i+1 drafts accepted)) with K = k_max on the calibration prompts."""
+def measure_acceptance(engine, prompts: list[list[int]], k_max: int, temperature: float,
+                       max_new: int) -> tuple[list[float], list[float]]:
+    """With K = k_max on the calibration prompts, per draft position: survival (P(the first i+1 drafts were
+    proposed and accepted)) and reach (P(the proposal had more than i tokens)), both over the rounds that
+    asked for position i. A model drafter always reaches; an n-gram lookup proposes only where it matches."""
     from .policy import FixedK
     from .sampling import SamplingParams
 
-    drafted = [0] * k_max
-    accepted = [0] * k_max
+    asked, drafted, accepted = [0] * k_max, [0] * k_max, [0] * k_max
     for i, ids in enumerate(prompts):
         engine.reset()
         params = SamplingParams(temperature=temperature, seed=1234 + i)
         m = engine.run(ids, params=params, max_new_tokens=max_new, policy=FixedK(k_max)).metrics
-        for j, (d, a) in enumerate(zip(m.drafted_per_position, m.accepted_per_position)):
-            drafted[j] += d
-            accepted[j] += a
-    return [round(a / d, 4) if d else 0.0 for a, d in zip(accepted, drafted)]
+        for counts, per in ((asked, m.asked_per_position), (drafted, m.drafted_per_position),
+                            (accepted, m.accepted_per_position)):
+            for j, c in enumerate(per[:k_max]):
+                counts[j] += c
+    survival = [round(a / n, 4) if n else 0.0 for a, n in zip(accepted, asked)]
+    reach = [round(d / n, 4) if n else 0.0 for d, n in zip(drafted, asked)]
+    return survival, reach
 
 
 # ---------------------------------------------------------------------------------------- the profile
@@ -132,6 +137,11 @@ class Profile:
     def survival(self, drafter: str, band: str) -> list[float]:
         return list(self.data["drafters"][drafter]["acceptance"][band])
 
+    def reach(self, drafter: str, band: str) -> list[float] | None:
+        """P(a proposal reaches position i); None for profiles written before it was measured (= always)."""
+        reach = self.data["drafters"][drafter].get("reach")
+        return list(reach[band]) if reach else None
+
     def choice(self, band: str) -> dict:
         return self.data["choice"][band]
 
@@ -149,7 +159,7 @@ def predict(data: dict, k_max: int) -> None:
     for band in BANDS:
         best = {"drafter": "none", "k": 0, "speedup": 1.0}
         for name, d in data["drafters"].items():
-            lat = prof.latencies(name)
+            lat = prof.latencies(name).expected(prof.reach(name, band))
             surv = prof.survival(name, band)
             table = speedups(surv, lat)
             d.setdefault("predicted", {})[band] = [round(x, 4) for x in table]
@@ -193,6 +203,8 @@ def read_profile(path: Path) -> Profile:
             for band in BANDS:
                 if not all(0 <= a <= 1 for a in prof.survival(name, band)):
                     raise KeyError("acceptance")
+                if not all(0 <= r <= 1 for r in prof.reach(name, band) or []):
+                    raise KeyError("reach")
     except (KeyError, TypeError, IndexError, ValueError) as err:
         raise EdgespecError(f"profile {path} is malformed (bad or missing {err}); run `edgespec profile` again") from err
     return prof
@@ -244,7 +256,7 @@ def policy_from_profile(profile: Profile | None, drafter: str, temperature: floa
     lat = profile.latencies(drafter)
     # A measured profile is worth a few rounds of evidence (prior_weight), which age away like real rounds.
     return AdaptiveK(latencies=lat, prior_acceptance=cond or 0.6, k_max=min(k_max, lat.k_max), prior_weight=16.0,
-                     overlap=overlap)
+                     overlap=overlap, prior_reach=profile.reach(drafter, band_for(temperature)))
 
 
 # ------------------------------------------------------------------------------------------- output
@@ -258,6 +270,8 @@ def table(data: dict) -> str:
             pred = d["predicted"][band]
             acc = " ".join(f"{a:.2f}" for a in d["acceptance"][band])
             lines.append(f"  {name:6} survival {acc}")
+            if d.get("reach") and any(r < 1 for r in d["reach"][band]):
+                lines.append(f"  {name:6} reach    " + " ".join(f"{r:.2f}" for r in d["reach"][band]))
             lines.append(f"  {name:6} speed-up by K: " + " ".join(f"{k}:{s:.2f}" for k, s in enumerate(pred)))
     ctx = Profile(data)._mid_context()
     lines.append(f"target verify ms (n=1..) at context {ctx}: " + " ".join(f"{t:.1f}" for t in data["latency"]["verify"][ctx][1:]))

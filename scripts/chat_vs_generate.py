@@ -66,7 +66,10 @@ def main() -> None:
     ap.add_argument("--threads", default=None, help="ONNX Runtime threads per model (default: all cores)")
     ap.add_argument("--stream-interval", type=float, default=None, help="seconds between UI updates (default: the app's)")
     ap.add_argument("--ui-nice", type=int, default=10, help="the UI thread's priority drop, as `edgespec chat` (10)")
+    ap.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval for the whole run (s)")
     args = ap.parse_args()
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     started = psutil.Process().create_time()
     os.environ.setdefault("EDGESPEC_DATA", "/tmp/edgespec-chat-bench")
 

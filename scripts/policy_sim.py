@@ -25,7 +25,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def record_traces(pair: str, drafter_name: str, max_new: int, all_prompts: bool, k_max: int) -> list[dict]:
+def record_traces(pair: str, drafter_name: str, max_new: int, all_prompts: bool, k_max: int,
+                  categories: list[str] | None = None) -> list[dict]:
     import torch
 
     from edgespec import bench
@@ -39,7 +40,7 @@ def record_traces(pair: str, drafter_name: str, max_new: int, all_prompts: bool,
     engine = rt.engine
     session = ChatSession(engine, rt.tokenizer)
     out = []
-    for p in bench.load_prompts(None, quick=not all_prompts):
+    for p in bench.load_prompts(categories, quick=not all_prompts):
         ids = session.encode(p["messages"])
         engine.reset()
         gen = engine.run(ids, max_new_tokens=max_new, policy=FixedK(0)).token_ids
@@ -83,6 +84,7 @@ def main() -> None:
     ap.add_argument("--profile", default=None, help="profile TOML for latencies and the prior (default: this machine's)")
     ap.add_argument("--all-prompts", action="store_true", help="every bench prompt (default: one per category)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--categories", default=None, help="comma-separated categories to record (default: all)")
     ap.add_argument("--traces", default=None, help="JSON file: read traces from it if it exists, else record and write")
     ap.add_argument("--temperature", type=float, default=0.0, help="band of the profile's prior (traces are greedy)")
     ap.add_argument("--catch-up-ms", type=float, default=0.0,
@@ -99,7 +101,8 @@ def main() -> None:
     if path is not None and path.exists():
         traces = json.loads(path.read_text())
     else:
-        traces = record_traces(args.pair, args.drafter, args.max_new_tokens, args.all_prompts, k_max)
+        traces = record_traces(args.pair, args.drafter, args.max_new_tokens, args.all_prompts, k_max,
+                               args.categories.split(",") if args.categories else None)
         if path is not None:
             path.write_text(json.dumps(traces))
     if args.profile:

@@ -68,3 +68,16 @@ def test_margin_keeps_speculation_off_for_marginal_gains():
     k, s = best_k(surv, lat)
     assert k > 0 and s < 1.05
     assert best_k(surv, lat, margin=0.05) == (0, 1.0)
+
+
+def test_expected_latencies_charge_positions_by_how_often_proposals_reach_them():
+    lat = Latencies.linear(0.01, [0, 0.10, 0.11, 0.13, 0.16, 0.20])
+    assert lat.expected(None) is lat and lat.expected([1.0] * 4) is lat
+    exp = lat.expected([0.5, 0.25, 0.0, 0.0])
+    # verify(1) is always paid; position j adds reach[j] x (verify(j+2) - verify(j+1))
+    assert exp.verify[:5] == pytest.approx([0, 0.10, 0.105, 0.11, 0.11])
+    assert exp.draft[:5] == pytest.approx([0, 0.005, 0.0075, 0.0075, 0.0075])
+    # a lookup that seldom proposes but is right when it does: charged as if it always proposed K=2 it loses,
+    # charged for what it proposes it wins
+    survival = [0.2, 0.2, 0.0, 0.0]
+    assert speedup(survival, lat, 2) < 1.0 < speedup(survival, exp, 2)

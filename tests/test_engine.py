@@ -320,3 +320,20 @@ def test_sampling_negative_control_broken_rule_fails(small_vocab, monkeypatch):
     monkeypatch.setattr(verify, "acceptance_probability", lambda pt, pd: 1.0)
     spec = SpeculativeEngine(TorchTarget(target), TorchDrafter(draft))
     assert chi_square_p(sampled_counts(spec, prompt, params, 2, N_SAMPLES), exact) < 1e-3
+
+
+def test_ngram_lookup_proposes_little_on_weak_matches():
+    """Longest suffix match wins, most recent occurrence first; a 1-token match proposes nothing, a 2-token
+    match at most two tokens, a longer one up to K."""
+    params, gen = SamplingParams(), torch.Generator()
+    d = NgramDrafter()
+    d.begin([5, 6, 7, 8, 9, 10, 11, 1, 7])  # only "7" recurs: a 1-gram match
+    assert d.propose(4, params, gen).tokens == []
+    d.begin([5, 6, 7, 8, 9, 10, 11, 1, 6, 7])  # "6 7" recurs: a 2-gram match, capped at 2
+    assert d.propose(4, params, gen).tokens == [8, 9]
+    d.begin([5, 6, 7, 8, 9, 10, 11, 12, 1, 5, 6, 7])  # "5 6 7": a 3-gram match, up to K
+    assert d.propose(4, params, gen).tokens == [8, 9, 10, 11]
+    d.begin([1, 2, 3, 40, 41, 42, 43, 1, 2, 3, 50, 51, 52, 53, 1, 2, 3])  # the most recent occurrence wins
+    assert d.propose(3, params, gen).tokens == [50, 51, 52]
+    d.commit(2, 60)  # two accepted, then the target's own token: the lookup continues from there
+    assert d._ids[-3:] == [50, 51, 60]

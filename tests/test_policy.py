@@ -96,13 +96,33 @@ def test_front_loaded_acceptance_chooses_small_k():
     assert all(2 <= k <= 3 for k in ks[30:]), ks[30:]
 
 
-def test_short_proposals_count_only_reached_positions():
+def test_short_proposals_count_unproposed_positions_as_not_accepted_and_not_reached():
     policy = profiled()
     reached, accepted = list(policy.reached), list(policy.accepted)
+    asked, proposed = list(policy.asked), list(policy.proposed)
     policy.observe(6, 2, 2, 0.02, VERIFY[3])  # the drafter stopped early (p-min) after 2 tokens, both passed
     d = policy.decay
-    assert policy.reached[:3] == pytest.approx([reached[0] * d + 1, reached[1] * d + 1, reached[2] * d])
+    # position 2 was asked for with both drafts before it accepted, but nothing was proposed: not accepted
+    assert policy.reached[:4] == pytest.approx([reached[0] * d + 1, reached[1] * d + 1, reached[2] * d + 1,
+                                                reached[3] * d])
     assert policy.accepted[:3] == pytest.approx([accepted[0] * d + 1, accepted[1] * d + 1, accepted[2] * d])
+    # and the proposal reached positions 0 and 1 of the 6 asked for
+    assert policy.asked[:7] == pytest.approx([a * d + 1 for a in asked[:6]] + [asked[6] * d])
+    assert policy.proposed[:3] == pytest.approx([proposed[0] * d + 1, proposed[1] * d + 1, proposed[2] * d])
+
+
+def test_a_drafter_that_seldom_proposes_is_charged_only_for_what_it_proposes():
+    """An n-gram lookup proposes 6 tokens in one round of five (all accepted), nothing otherwise: positions it
+    does not reach cost nothing, so a large K still pays, and the expected cost is far below verify(K+1)."""
+    policy = AdaptiveK(latencies=Latencies.linear(0.0, VERIFY), prior_acceptance=0.5, k_max=8)
+    for r in range(100):
+        k = policy.next_k()
+        n = min(k, 6) if r % 5 == 0 else 0
+        policy.observe(k, n, n, 0.0, VERIFY[n + 1])
+    assert policy.reach()[0] == pytest.approx(0.2, abs=0.05)
+    assert policy.next_k() >= 5
+    lat = policy.latencies()
+    assert lat.verify[7] < VERIFY[1] + 0.3 * (VERIFY[7] - VERIFY[1])
 
 
 def test_prior_fades_as_rounds_accumulate():

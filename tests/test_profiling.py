@@ -23,7 +23,8 @@ def sample_profile(verify=(0, 20, 22, 24, 26, 28), draft_per_token=3.0):
                                                       "512": [k * draft_per_token for k in range(5)]},
                      "acceptance": {"greedy": [0.9, 0.8, 0.7, 0.6], "sampling": [0.1, 0.01, 0.0, 0.0]}},
             "ngram": {"description": "n", "propose": {"128": [0.0] * 5, "512": [0.0] * 5},
-                      "acceptance": {"greedy": [0.2, 0.1, 0.05, 0.0], "sampling": [0.3, 0.2, 0.1, 0.05]}},
+                      "acceptance": {"greedy": [0.2, 0.1, 0.05, 0.0], "sampling": [0.3, 0.2, 0.1, 0.05]},
+                      "reach": {"greedy": [1.0] * 4, "sampling": [1.0] * 4}},
         },
     }
     profiling.predict(data, 4)
@@ -37,6 +38,17 @@ def test_predict_chooses_drafter_and_k_per_band():
     assert greedy == {"drafter": "int8", "k": 4, "speedup": pytest.approx(2.0)}
     # At T=0.7 the model draft is rarely accepted; cheap n-gram drafting with 30% acceptance still pays.
     assert data["choice"]["sampling"]["drafter"] == "ngram"
+
+
+def test_reach_discounts_positions_a_drafter_seldom_proposes():
+    data = sample_profile()
+    before = data["drafters"]["ngram"]["predicted"]["greedy"]
+    data["drafters"]["ngram"]["reach"]["greedy"] = [0.3, 0.2, 0.1, 0.05]  # proposals are mostly short
+    profiling.predict(data, 4)
+    after = data["drafters"]["ngram"]["predicted"]["greedy"]
+    assert all(a > b for a, b in zip(after[1:], before[1:]))  # same acceptance, paid only where proposed
+    assert profiling.Profile(data).reach("ngram", "greedy") == [0.3, 0.2, 0.1, 0.05]
+    assert profiling.Profile(data).reach("int8", "greedy") is None  # not measured: always reaches
 
 
 def test_nothing_pays_means_k_zero():

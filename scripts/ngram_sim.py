@@ -1,0 +1,145 @@
+"""Compare n-gram lookup settings without timing noise: replay the target's greedy outputs through its latencies.
+
+    python scripts/ngram_sim.py [--pair qwen2.5-coder-1.5b] [--outputs FILE] [--profile PATH] [--max-new-tokens 128]
+
+Greedy decoding makes the target's output independent of the drafter, so it is generated once per bench prompt
+(all 56, target-only; `--outputs` keeps it for later runs). Each `NgramDrafter` setting then proposes, at every
+output position, what it would propose there (its lookup on prompt + output so far, up to K_MAX tokens), and a
+round at that position with K accepts the matching prefix of min(K, proposal) tokens. Drafting is free; each
+round is charged verify(proposal + 1) from the profile. Fixed K per category, and `--k auto` (one AdaptiveK
+kept across prompts, as in the bench and the chat), speed-up over plain decoding (decode only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+K_MAX = 8
+SETTINGS = {  # name: NgramDrafter keyword arguments
+    "n=1..3 (old default)": {"max_ngram": 3, "min_ngram": 1, "weak_ngram": 0},
+    "n=2..5": {"max_ngram": 5, "min_ngram": 2, "weak_ngram": 0},
+    "n=3..5": {"max_ngram": 5, "min_ngram": 3, "weak_ngram": 0},
+    "n=2..5, 2-gram cap 2 (default)": {},
+    "n=1..5, 1-gram cap 1, 2-gram cap 2": {"max_ngram": 5, "min_ngram": 1, "weak_ngram": 0, "caps": {1: 1, 2: 2}},
+}
+
+
+def generate_outputs(pair: str, max_new: int) -> list[dict]:
+    from edgespec import bench
+    from edgespec.policy import FixedK
+    from edgespec.runtime import RuntimeSpec, build_runtime
+    from edgespec.session import ChatSession
+
+    rt = build_runtime(RuntimeSpec(pair=pair, draft="ngram"))
+    session = ChatSession(rt.engine, rt.tokenizer)
+    out = []
+    for p in bench.load_prompts(None):
+        ids = session.encode(p["messages"])
+        rt.engine.reset()
+        gen = rt.engine.run(ids, max_new_tokens=max_new, policy=FixedK(0)).token_ids
+        out.append({"id": p["id"], "category": p["category"], "prompt": ids, "gen": gen})
+        print(f"{p['id']}: {len(gen)} tokens", file=sys.stderr)
+    return out
+
+
+def proposals(outputs: list[dict], options: dict) -> list[tuple[str, list[int], list[int]]]:
+    """Per prompt: (category, matched tokens m_i, proposal length l_i) at every output position."""
+    import torch
+
+    from edgespec.drafters import NgramDrafter
+    from edgespec.sampling import SamplingParams
+
+    options = dict(options)
+    caps = options.pop("caps", None)
+    drafter = NgramDrafter(**options)
+    out = []
+    for p in outputs:
+        gen, ms, ls = p["gen"], [], []
+        for i in range(len(gen)):
+            drafter.begin(p["prompt"] + gen[:i])
+            prop = drafter.propose(K_MAX, SamplingParams(), torch.Generator()).tokens
+            if caps and prop:
+                prop = prop[:caps.get(_match_length(drafter), K_MAX)]
+            m = 0
+            while m < len(prop) and i + m < len(gen) and prop[m] == gen[i + m]:
+                m += 1
+            ms.append(m)
+            ls.append(len(prop))
+        out.append((p["category"], ms, ls))
+    return out
+
+
+def _match_length(drafter) -> int:
+    ids = drafter._ids
+    for n in range(min(drafter.max_ngram, len(ids) - 1), drafter.min_ngram - 1, -1):
+        suffix = ids[len(ids) - n:]
+        if any(ids[s:s + n] == suffix for s in range(len(ids) - n - 1, -1, -1)):
+            return n
+    return 0
+
+
+def replay(policy, ms: list[int], ls: list[int], verify: list[float]) -> float:
+    i, t, n = 0, 0.0, len(ms)
+    while i < n:
+        k = max(0, min(policy.next_k(remaining=n - i), n - i - 1, K_MAX))
+        d = min(k, ls[i])
+        a = min(d, ms[i])
+        t += verify[d + 1]
+        policy.observe(k, d, a, 0.0, verify[d + 1])
+        i += a + 1
+    return t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pair", default="qwen2.5-coder-1.5b")
+    ap.add_argument("--outputs", default=None, help="JSON file: read the outputs from it if it exists, else write it")
+    ap.add_argument("--profile", default=None, help="profile TOML for verify latencies (default: this machine's)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    args = ap.parse_args()
+
+    from edgespec.policy import FixedK
+    from edgespec.profiling import policy_from_profile, read_profile
+    from edgespec.runtime import RuntimeSpec, select_profile
+
+    path = Path(args.outputs) if args.outputs else None
+    if path is not None and path.exists():
+        outputs = json.loads(path.read_text())
+    else:
+        outputs = generate_outputs(args.pair, args.max_new_tokens)
+        if path is not None:
+            path.write_text(json.dumps(outputs))
+    profile = (read_profile(Path(args.profile)) if args.profile else
+               select_profile(RuntimeSpec(pair=args.pair, draft="ngram"), None, 0.0, choose_drafter=False))
+    verify = list(profile.latencies("ngram").verify)
+    cats = sorted({p["category"] for p in outputs})
+    print(f"profile {profile.path}; {len(outputs)} prompts; verify ms "
+          + " ".join(f"{v * 1000:.1f}" for v in verify[1:]))
+    for name, options in SETTINGS.items():
+        traces = proposals(outputs, options)
+        speed = {}
+        shared = policy_from_profile(profile, "ngram", 0.0)
+        for k in [*range(K_MAX + 1), "auto"]:
+            speed[k] = {}
+            for c in cats:
+                tokens = sum(len(ms) for cc, ms, _ in traces if cc == c)
+                secs = sum(replay(shared if k == "auto" else FixedK(k), ms, ls, verify)
+                           for cc, ms, ls in traces if cc == c)
+                speed[k][c] = tokens / secs
+        print(f"\n### {name}: decode speed-up over plain decoding per category")
+        print("| K | " + " | ".join(cats) + " |")
+        print("|---|" + "---:|" * len(cats))
+        for k in speed:
+            print(f"| {k} | " + " | ".join(f"{speed[k][c] / speed[0][c]:.3f}" for c in cats) + " |")
+        print("mean matched tokens per position: " + ", ".join(
+            f"{c} {statistics.mean(m for cc, ms, _ in traces if cc == c for m in ms):.2f}" for c in cats))
+
+
+if __name__ == "__main__":
+    main()
