@@ -50,11 +50,25 @@ async def app_turn(factory, settings, first: bool, stream_interval: float | None
         await asyncio.wait_for(app.ready.wait(), 600)
         ready_at = time.time()
         app.query_one("#prompt").insert(PROMPT)
+        ui_cpu, wall = _ui_cpu(), time.perf_counter()
+        if PROFILER is not None:
+            PROFILER.enable()
         await pilot.press("enter")
         await asyncio.wait_for(app.done.wait(), 600)
+        if PROFILER is not None:
+            PROFILER.disable()
+        ui_share = (_ui_cpu() - ui_cpu) / (time.perf_counter() - wall)
         await pilot.pause()
         text = app.query_one(AssistantMessage).text
-    return ready_at, None, text, app
+    return ready_at, ui_share, text, app
+
+
+PROFILER = None
+
+
+def _ui_cpu() -> float:
+    """CPU seconds used so far by this (the UI) thread."""
+    return time.thread_time()
 
 
 def main() -> None:
@@ -67,7 +81,13 @@ def main() -> None:
     ap.add_argument("--stream-interval", type=float, default=None, help="seconds between UI updates (default: the app's)")
     ap.add_argument("--ui-nice", type=int, default=10, help="the UI thread's priority drop, as `edgespec chat` (10)")
     ap.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval for the whole run (s)")
+    ap.add_argument("--profile-ui", default=None, help="write cProfile stats of the UI thread while streaming here")
     args = ap.parse_args()
+    global PROFILER
+    if args.profile_ui:
+        import cProfile
+
+        PROFILER = cProfile.Profile()
     if args.switch_interval:
         sys.setswitchinterval(args.switch_interval)
     started = psutil.Process().create_time()
@@ -91,9 +111,10 @@ def main() -> None:
 
     k = args.k if args.k == "auto" else int(args.k)
     settings = {"max_new_tokens": args.max_new_tokens, "k": k}
-    app_tps, direct_tps, ready = [], [], None
+    app_tps, direct_tps, ui_shares, ready = [], [], [], None
     for rep in range(args.repeats):
-        ready_at, _, text, _app = asyncio.run(app_turn(factory, settings, rep == 0, args.stream_interval, args.ui_nice))
+        ready_at, ui_share, text, _app = asyncio.run(app_turn(factory, settings, rep == 0, args.stream_interval, args.ui_nice))
+        ui_shares.append(ui_share)
         if ready is None:
             ready = ready_at - started
         m = sessions[0].last_metrics
@@ -108,6 +129,10 @@ def main() -> None:
     print(f"in the chat app : {a:.2f} tok/s (runs {', '.join(f'{x:.2f}' for x in app_tps)})")
     print(f"bare session    : {d:.2f} tok/s (runs {', '.join(f'{x:.2f}' for x in direct_tps)})")
     print(f"ratio app/bare  : {a / d:.3f}")
+    print(f"UI thread CPU while streaming: {100 * statistics.median(ui_shares):.1f}% of one core (median)")
+    if PROFILER is not None:
+        PROFILER.dump_stats(args.profile_ui)
+        print(f"UI thread profile: {args.profile_ui} (python -m pstats)")
     print(f"load average    : {os.getloadavg()[0]:.2f}")
 
 
