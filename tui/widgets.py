@@ -23,6 +23,7 @@ DRAFT = "draft"
 TARGET = "target"
 DRAFT_STYLE = "#3fb7c9"
 NEWLINE_KEYS = ("shift+enter", "ctrl+j", "alt+enter")
+RESERVE_LINES = 4  # spare lines below a streaming answer's last line: one layout per this many new lines
 
 
 def merge_runs(runs: list[list], pieces) -> None:
@@ -129,7 +130,7 @@ class AssistantMessage(Vertical):
         self.colour = colour
         self._tail = Text()  # the coloured text after the last finished block
         self._tail_view: Static | None = None
-        self._tail_lines = 0  # wrapped lines of the tail at the last layout (0 = unknown)
+        self._tail_height = 0  # lines reserved for the tail while streaming (0 = auto height)
         self._md_stream: MarkdownStream | None = None
         self._md_len = 0  # characters of the answer already in the Markdown widget
         self._initial = runs or []
@@ -170,15 +171,28 @@ class AssistantMessage(Vertical):
         if cut is not None:
             head, self._tail = cut
             self._tail_view.update(head)
+            self._release_height()
             self._tail_view = Static(self._tail, classes="block")
-            self._tail_lines = 0
             await self.query_one(".coloured").mount(self._tail_view)
         else:
-            # A layout pass re-arranges the whole screen: only pay for one when the tail's height changes
-            # (a new wrapped line), not for every few tokens that fit on the current line.
+            # A layout pass re-arranges the whole screen (16 ms a pass, measured: most of the UI thread's time
+            # while streaming). The tail gets a fixed height with a few spare lines, so new tokens only repaint
+            # it; a layout happens when the text outgrows the reserve, every RESERVE_LINES lines or so.
             lines = self._wrapped_lines(self._tail)
-            self._tail_view.update(self._tail, layout=lines == 0 or lines != self._tail_lines)
-            self._tail_lines = lines
+            if lines == 0:  # width not known yet: let the layout size it
+                self._tail_view.update(self._tail)
+            elif lines > self._tail_height:
+                self._tail_height = lines + RESERVE_LINES
+                self._tail_view.styles.height = self._tail_height
+                self._tail_view.update(self._tail, layout=False)
+            else:
+                self._tail_view.update(self._tail, layout=False)
+
+    def _release_height(self) -> None:
+        """Back to the tail's own height (no spare lines): the answer ended, or the tail became a block."""
+        if self._tail_view is not None and self._tail_height:
+            self._tail_view.styles.height = "auto"
+        self._tail_height = 0
 
     def _wrapped_lines(self, text: Text) -> int:
         """Lines `text` takes in the tail view at its current width; 0 (= unknown: lay out) before the first
@@ -193,7 +207,7 @@ class AssistantMessage(Vertical):
         await box.remove_children()
         self._tail = Text()
         self._tail_view = Static(self._tail, classes="block")
-        self._tail_lines = 0
+        self._tail_height = 0
         await box.mount(self._tail_view)
         for text, origin in self.runs:
             self._tail.append(text, style=DRAFT_STYLE if origin == DRAFT else None)
@@ -214,6 +228,7 @@ class AssistantMessage(Vertical):
             self._md_stream = None
 
     async def finish(self, marker: str = "") -> None:
+        self._release_height()
         if not self.colour:
             await self._sync_markdown()
         await self._stop_stream()

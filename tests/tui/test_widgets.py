@@ -84,3 +84,35 @@ async def test_a_long_coloured_answer_is_drawn_in_blocks_that_keep_the_text():
         await pilot.press("f2", "f2")  # markdown and back: rebuilt from the runs
         await wait_until(pilot, lambda: view.query_one(".coloured").display)
         assert "\n".join(b.content.plain for b in view.query(".block")) == paragraph * 12
+
+
+@pytest.mark.asyncio
+async def test_a_streaming_tail_keeps_spare_lines_and_never_clips_then_fits_its_text():
+    """While streaming, the tail has a fixed height a few lines above its text (a new line then only repaints
+    it, no layout of the whole screen); every line stays visible; at the end the spare lines go."""
+    from tui.widgets import RESERVE_LINES
+
+    words = [[("lorem ipsum dolor sit amet ", "draft" if i % 3 else "target")] for i in range(40)]
+    session = GatedSession(words)
+    app = ChatApp(fixed_factory(session), stream_interval=0)
+    async with app.run_test(size=(60, 40)) as pilot:
+        await wait_until(pilot, lambda: app.session is not None)
+        app.query_one("#prompt").insert("hi")
+        await pilot.press("enter")
+        await wait_until(pilot, lambda: app.query(AssistantMessage))
+        view = app.query_one(AssistantMessage)
+        heights = set()
+        for i in range(len(words) - 1):
+            session.release()
+            await wait_until(pilot, lambda i=i: len(view.text) == len(words[0][0][0]) * (i + 1))
+            await pilot.pause()
+            tail = view._tail_view
+            lines = view._wrapped_lines(view._tail)
+            assert lines <= tail.region.height <= lines + RESERVE_LINES + 1, (lines, tail.region.height)
+            heights.add(tail.region.height)
+        assert 1 < len(heights) < 40 // RESERVE_LINES  # grew in steps, not line by line
+        session.release()
+        await wait_until(pilot, lambda: not app.generating)
+        await pilot.pause()
+        tail = view._tail_view
+        assert tail.region.height == view._wrapped_lines(view._tail)
