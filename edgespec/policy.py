@@ -74,7 +74,7 @@ class AdaptiveK:
                  decay: float = 0.95, prior_weight: float = 1.0, overlap: bool = False, probe_every: int = 8,
                  probe_k: int = 2, margin: float = 0.02, calibration_ks: tuple[int, ...] = (0, 2, 4),
                  window: int = 9, fast_decay: float = 0.7, drop: float = 0.3, catch_up_ratio: float = 0.15,
-                 prior_reach: list[float] | None = None):
+                 prior_reach: list[float] | None = None, probe_budget: float = 0.05):
         from .costmodel import Latencies  # noqa: F401  (documented type of `latencies`)
 
         self.k_max = check_k(k_max)
@@ -83,6 +83,7 @@ class AdaptiveK:
         self.overlap = overlap
         self.margin = margin
         self.probe_every_base = probe_every
+        self.probe_budget = probe_budget
         self.probe_every = probe_every
         self.probe_k = probe_k
         if isinstance(prior_acceptance, (int, float)):
@@ -210,8 +211,11 @@ class AdaptiveK:
             self.probe_every = self.probe_every_base
             return k
         self.rounds_off += 1
-        # A probe is worth a round or so of plain decoding, not a prefill of the whole prompt.
-        if self.rounds_off >= self.probe_every and self.catch_up_cost(lag) <= lat.verify[1]:
+        # A probe that must first feed the drafter a long context (the prompt, or answers decoded while
+        # speculation was off, in a chat) waits until that costs at most `probe_budget` of the time spent
+        # without speculation since the last probe: bounded overhead, and speculation still comes back.
+        budget = max(lat.verify[1], self.probe_budget * self.rounds_off * lat.verify[1])
+        if self.rounds_off >= self.probe_every and self.catch_up_cost(lag) <= budget:
             self.rounds_off = 0
             self.probe_every = min(self.probe_every * 2, 256)
             return self.probe_k

@@ -178,3 +178,16 @@ def test_probe_does_not_pay_a_long_catch_up():
     assert ks_lagging == [0] * 10  # a prefill of 500 tokens would cost more than a round of plain decoding
     ks_caught_up = [policy.next_k(remaining=100, lag=1) for _ in range(10)]
     assert any(k > 0 for k in ks_caught_up)  # probes still happen when drafting can start at once
+
+
+def test_speculation_comes_back_although_every_request_starts_far_behind():
+    """In a chat where speculation went off, each new turn leaves the drafter behind by the whole previous
+    answer: a probe must still come, once the time spent without speculation makes its catch-up cheap."""
+    policy = profiled()
+    rng = random.Random(7)
+    simulate(policy, [0.02] * 60, rng)  # acceptance collapsed: speculation off
+    policy.catch_up_per_token = 0.001
+    ks = [policy.next_k(remaining=200, lag=400) for _ in range(300)]  # 0.4 s to catch up = 4 plain rounds
+    first = next((i for i, k in enumerate(ks) if k > 0), None)
+    assert first is not None and first <= 100, first  # (the probe interval has doubled to 64 by now)
+    assert policy.rounds_off == 0 or ks.count(0) < 300
