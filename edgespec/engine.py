@@ -116,6 +116,13 @@ class SpeculativeEngine:
         notice = None
         seq = list(prompt_ids)
         generated: list[int] = []
+        # A free drafter (an n-gram lookup: microseconds, nothing to roll back) is still asked while the policy
+        # has speculation off: its proposal is checked against the tokens the target goes on to emit, and the
+        # policy learns from that what drafting would have gained, so it can switch speculation back on.
+        # Matching the target's own token is accepting: for a one-hot draft P(match) = p_target(draft) = P(accept).
+        shadow_ok = drafter is not None and getattr(drafter, "free", False) and hasattr(policy, "observe_shadow")
+        shadow: list[int] | None = None
+        shadow_hits = 0
         try:
             while True:
                 remaining = max_new_tokens - len(generated)
@@ -128,6 +135,15 @@ class SpeculativeEngine:
                     k = max(min(k, MAX_K, remaining - 1, room - 1), 0)
                 else:
                     k = 0
+
+                if shadow_ok:
+                    if k > 0:
+                        shadow = None  # speculation is back on: its rounds say the rest
+                    elif shadow is None:
+                        shadow, shadow_hits = drafter.propose(policy.k_max, params, draft_rng).tokens, 0
+                        if not shadow:
+                            policy.observe_shadow(0, 0)
+                            shadow = None
 
                 t0 = time.perf_counter()
                 draft = Draft([])
@@ -164,6 +180,12 @@ class SpeculativeEngine:
                     reason = reason or STOP_LENGTH
                 seq.extend(emitted)
                 generated.extend(emitted)
+                if shadow is not None and k == 0:
+                    hit = emitted[0] == shadow[shadow_hits]
+                    shadow_hits += hit
+                    if not hit or shadow_hits == len(shadow):
+                        policy.observe_shadow(len(shadow), shadow_hits)
+                        shadow = None
                 if reason is None and len(seq) >= target.max_context:
                     reason = STOP_CONTEXT
                 if reason is None and stop is not None and stop(generated):

@@ -240,13 +240,23 @@ class AdaptiveK:
             horizon = min(horizon, statistics.median(self.answer_lengths))
         return horizon * t_plain * (1.0 - 1.0 / predicted) > cost
 
+    def observe_shadow(self, n_proposed: int, n_matched: int) -> None:
+        """A free drafter's proposal made while speculation was off (K asked = k_max, nothing verified):
+        `n_matched` of its `n_proposed` tokens turned out to be what the target emitted. Counts as a round for
+        acceptance and reach; no latencies."""
+        self._count(self.k_max, n_proposed, min(n_matched, n_proposed))
+
     def observe(self, k: int, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float, *,
                 catch_up_s: float = 0.0, catch_up_tokens: int = 0) -> None:
         self._emitted += min(n_accepted, n_drafted) + 1
         if catch_up_tokens >= 16 and catch_up_s > 0:  # short feeds are dominated by per-call overhead
             self.catch_up_per_token = self._recent("catch_up", catch_up_s / catch_up_tokens)
+        self._count(k, n_drafted, n_accepted)
+        self._latencies(n_drafted, draft_s, verify_s)
+
+    def _count(self, k: int, n_drafted: int, n_accepted: int) -> None:
         # Only rounds that asked for drafts age the counts: while speculation is off nothing is learnt about
-        # acceptance, and only a probe should bring it back. A position asked for but not proposed counts as
+        # acceptance (but from a free drafter's shadow proposals), and only a probe brings it back. A position asked for but not proposed counts as
         # not accepted (and, in `proposed`, as not reached).
         asked = min(k, self.k_max)
         for reached, accepted, decay in ((self.reached, self.accepted, self.decay),
@@ -267,6 +277,8 @@ class AdaptiveK:
             self.asked[i] += 1
             if i < n_drafted:
                 self.proposed[i] += 1
+
+    def _latencies(self, n_drafted: int, draft_s: float, verify_s: float) -> None:
         # Latencies: medians of the last few rounds. A round is a few milliseconds, so one preempted round on a
         # busy machine can take 10x its usual time; a mean would let that single spike switch speculation off.
         n = n_drafted + 1

@@ -85,14 +85,31 @@ def _match_length(drafter) -> int:
 
 
 def replay(policy, ms: list[int], ls: list[int], verify: list[float]) -> float:
+    """As the engine: at K = 0 the free lookup's proposal is checked against the tokens that follow and
+    reported (`observe_shadow`) once it is decided (a mismatch, or all matched)."""
     i, t, n = 0, 0.0, len(ms)
+    shadow = None  # (position decided at, proposed, matched)
+    learns = hasattr(policy, "observe_shadow")
     while i < n:
         k = max(0, min(policy.next_k(remaining=n - i), n - i - 1, K_MAX))
+        if not learns:
+            pass
+        elif k > 0:
+            shadow = None
+        elif shadow is None:
+            proposed = min(ls[i], K_MAX)
+            matched = min(ms[i], proposed)
+            shadow = (i + min(matched + 1, proposed), proposed, matched) if proposed else None
+            if not proposed:
+                policy.observe_shadow(0, 0)
         d = min(k, ls[i])
         a = min(d, ms[i])
         t += verify[d + 1]
         policy.observe(k, d, a, 0.0, verify[d + 1])
         i += a + 1
+        if shadow is not None and i >= shadow[0]:
+            policy.observe_shadow(shadow[1], shadow[2])
+            shadow = None
     return t
 
 

@@ -337,3 +337,47 @@ def test_ngram_lookup_proposes_little_on_weak_matches():
     assert d.propose(3, params, gen).tokens == [50, 51, 52]
     d.commit(2, 60)  # two accepted, then the target's own token: the lookup continues from there
     assert d._ids[-3:] == [50, 51, 60]
+
+
+def test_a_free_drafter_is_checked_in_the_shadow_while_speculation_is_off(models):
+    """With K = 0 the n-gram lookup is still consulted; each proposal is scored against the tokens the target
+    then emits (the matching prefix) and reported to the policy; the output stays target-only's."""
+    from edgespec.policy import AdaptiveK
+
+    class Off(AdaptiveK):
+        def __init__(self):
+            super().__init__(k_max=8)
+            self.reports = []
+
+        def next_k(self, **state):
+            return 0
+
+        def observe_shadow(self, n_proposed, n_matched):
+            self.reports.append((n_proposed, n_matched))
+
+    class Spy(NgramDrafter):
+        def __init__(self):
+            super().__init__(min_ngram=1, weak_ngram=0)  # proposes on any match: many shadow proposals
+            self.proposals = []
+
+        def propose(self, k, params, generator):
+            draft = super().propose(k, params, generator)
+            self.proposals.append((len(self._ids), list(draft.tokens)))
+            return draft
+
+    target = models["target"]
+    prompt = PROMPTS[1] * 3
+    drafter, policy = Spy(), Off()
+    out = SpeculativeEngine(TorchTarget(target), drafter).run(prompt, max_new_tokens=40, policy=policy).token_ids
+    assert out == hf_greedy(target, prompt, 40)
+    full = prompt + out
+    expected = []
+    for at, tokens in drafter.proposals:
+        matched = 0
+        while matched < len(tokens) and at + matched < len(full) and full[at + matched] == tokens[matched]:
+            matched += 1
+        if tokens and at + min(matched + 1, len(tokens)) > len(full):
+            continue  # the answer ended before this proposal was decided
+        expected.append((len(tokens), matched))
+    assert policy.reports == expected and len(expected) >= 3
+    assert any(m > 0 for _, m in expected)

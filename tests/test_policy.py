@@ -191,3 +191,18 @@ def test_speculation_comes_back_although_every_request_starts_far_behind():
     first = next((i for i, k in enumerate(ks) if k > 0), None)
     assert first is not None and first <= 100, first  # (the probe interval has doubled to 64 by now)
     assert policy.rounds_off == 0 or ks.count(0) < 300
+
+
+def test_shadow_proposals_bring_speculation_back_without_probes():
+    """A free drafter's proposals checked while K = 0 count as evidence: when they start matching, K comes
+    back within a few reports, before any probe would have fired."""
+    policy = AdaptiveK(latencies=Latencies.linear(0.0, VERIFY), prior_acceptance=0.5, k_max=8, probe_every=1000)
+    for _ in range(30):
+        k = policy.next_k()
+        policy.observe(k, k, 0, 0.0, VERIFY[k + 1])  # nothing accepted: speculation goes off
+    assert policy.next_k() == 0
+    ks = []
+    for _ in range(12):
+        policy.observe_shadow(8, 8)  # the lookup keeps predicting the target's next 8 tokens
+        ks.append(policy.next_k())
+    assert ks[-1] >= 4 and ks.index(next(k for k in ks if k > 0)) <= 6, ks

@@ -24,6 +24,7 @@ from .base import Draft
 class NgramDrafter:
     name = "ngram"
     vocab_size = None
+    free = True  # microseconds a proposal, no state to roll back: the engine may consult it while K = 0
 
     def __init__(self, max_ngram: int = 5, min_ngram: int = 2, weak_ngram: int = 2, weak_cap: int = 2):
         if not 1 <= min_ngram <= max_ngram:
