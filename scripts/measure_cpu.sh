@@ -20,4 +20,12 @@ step edgespec bench --pair qwen2.5-coder-1.5b --target-backend torch --dtype bfl
 step edgespec bench --pair qwen2.5-coder-1.5b --quick --threads 1 --draft-threads 1 --drafters int4 --k 2,3,4 --overlap \
   --no-anchors --out "$out/overlap"
 step edgespec profile --pair qwen2.5-coder-1.5b --threads 1 --draft-threads 1 --quick --out "$out/overlap/qwen-1thread-profile.toml"
+# Auto-K against fixed K (issue 5) and full 56-prompt runs (issue 4).
+step edgespec bench --pair smollm2-135m --drafters int8 --k 1,2,3,4,5,6,7,8,auto --repeats 1 --no-anchors --out "$out/autok"
+step edgespec bench --pair smollm2-135m --drafters int8 --k 1,2,3,4,5,6,7,8,auto --repeats 1 --no-anchors --temperature 0.7 --out "$out/autok"
+step edgespec bench --pair qwen2.5-coder-1.5b --quick --drafters int4 --k 1,2,3,4,5,6,7,8,auto --repeats 3 --no-anchors --out "$out/autok"
+step edgespec bench --pair smollm2-135m --drafters int8,ngram --k 6,auto --repeats 1 --no-anchors --out "$out/full"
+step edgespec bench --pair smollm2-135m --drafters ngram --k 6,auto --repeats 1 --no-anchors --out "$out/ngram"
+step edgespec bench --pair qwen2.5-coder-1.5b --drafters ngram --k 2,5,auto --repeats 1 --no-anchors --out "$out/ngram"
+step edgespec bench --pair qwen2.5-coder-1.5b --drafters ngram --k 5,auto --temperature 0.7 --repeats 1 --no-anchors --out "$out/ngram"
 echo "=== done (load $(cut -d' ' -f1-3 /proc/loadavg), $(date +%H:%M:%S))"
