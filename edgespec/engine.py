@@ -136,11 +136,14 @@ class SpeculativeEngine:
                 else:
                     k = 0
 
-                if shadow_ok:
-                    if k > 0:
-                        shadow = None  # speculation is back on: its rounds say the rest
-                    elif shadow is None:
+                if k > 0:
+                    shadow = None  # speculation is back on: its rounds say the rest
+                elif shadow_ok and drafter is not None and shadow is None:
+                    try:
                         shadow, shadow_hits = drafter.propose(policy.k_max, params, draft_rng).tokens, 0
+                    except Exception as err:  # noqa: BLE001 - as for any proposal: finish on the target alone
+                        drafter, notice, shadow = None, _drafter_failed(err), None
+                    else:
                         if not shadow:
                             policy.observe_shadow(0, 0)
                             shadow = None

@@ -381,3 +381,24 @@ def test_a_free_drafter_is_checked_in_the_shadow_while_speculation_is_off(models
         expected.append((len(tokens), matched))
     assert policy.reports == expected and len(expected) >= 3
     assert any(m > 0 for _, m in expected)
+
+
+def test_a_free_drafter_failing_in_the_shadow_leaves_the_target_alone(models):
+    """A lookup that raises while consulted at K = 0 is a drafter failure like any other: one notice, and the
+    answer finishes on the target alone, identical to target-only."""
+    from edgespec.policy import AdaptiveK
+
+    class Off(AdaptiveK):
+        def next_k(self, **state):
+            return 0
+
+    class Broken(NgramDrafter):
+        def propose(self, k, params, generator):
+            raise RuntimeError("lookup table gone")
+
+    target = models["target"]
+    steps = list(SpeculativeEngine(TorchTarget(target), Broken()).generate(
+        PROMPTS[1], max_new_tokens=12, policy=Off(k_max=8)))
+    assert [t for s in steps for t in s.tokens] == hf_greedy(target, PROMPTS[1], 12)
+    notices = [s.notice for s in steps if s.notice]
+    assert len(notices) == 1 and "lookup table gone" in notices[0] and "target alone" in notices[0]
