@@ -61,8 +61,7 @@ class Latencies:
         n = min(len(self.draft), len(self.verify) - 1)
         draft, verify = [0.0], [self.verify[0], self.verify[1]]
         for j in range(n - 1):
-            r = reach[j] if j < len(reach) else (reach[-1] if reach else 1.0)
-            r = min(max(r, 0.0), 1.0)
+            r = min(max(reach[min(j, len(reach) - 1)], 0.0), 1.0)  # beyond the list: its last value
             draft.append(draft[-1] + r * (self.draft[j + 1] - self.draft[j]))
             verify.append(verify[-1] + r * (self.verify[j + 2] - self.verify[j + 1]))
         return Latencies(draft, verify)

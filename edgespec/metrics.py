@@ -30,21 +30,14 @@ class SpecMetrics:
         """Account for one engine `Step`."""
         self.k_per_round.append(step.k)
         self.num_target_forwards += 1
-        while len(self.asked_per_position) < step.k:
-            self.asked_per_position.append(0)
-        for i in range(step.k):
-            self.asked_per_position[i] += 1
+        _count_first(self.asked_per_position, step.k)
         if step.n_drafted:
             self.num_drafts += 1
             self.num_draft_tokens += step.n_drafted
             self.num_accepted_tokens += step.n_accepted
-            while len(self.drafted_per_position) < step.n_drafted:
-                self.drafted_per_position.append(0)
-                self.accepted_per_position.append(0)
-            for i in range(step.n_drafted):
-                self.drafted_per_position[i] += 1
-            for i in range(step.n_accepted):
-                self.accepted_per_position[i] += 1
+            _count_first(self.drafted_per_position, step.n_drafted)
+            # as long as the drafted counts, so acceptance_per_position covers every drafted position
+            _count_first(self.accepted_per_position, step.n_accepted, size=step.n_drafted)
         self.num_emitted_tokens += len(step.tokens)
         self.num_emitted_from_draft += step.n_from_draft
         self.prefill_ms += step.prefill_ms
@@ -96,3 +89,10 @@ class SpecMetrics:
             "wall_s": self.wall_s,
             "k_per_round": list(self.k_per_round),
         }
+
+
+def _count_first(counts: list[int], n: int, *, size: int = 0) -> None:
+    """Add one to counts[0..n-1], growing the list (to at least `size`) with zeros as needed."""
+    counts.extend([0] * (max(n, size) - len(counts)))
+    for i in range(n):
+        counts[i] += 1

@@ -256,8 +256,8 @@ class AdaptiveK:
 
     def _count(self, k: int, n_drafted: int, n_accepted: int) -> None:
         # Only rounds that asked for drafts age the counts: while speculation is off nothing is learnt about
-        # acceptance (but from a free drafter's shadow proposals), and only a probe brings it back. A position asked for but not proposed counts as
-        # not accepted (and, in `proposed`, as not reached).
+        # acceptance (but from a free drafter's shadow proposals), and only a probe brings it back. A position
+        # asked for but not proposed counts as not accepted (and, in `proposed`, as not reached).
         asked = min(k, self.k_max)
         for reached, accepted, decay in ((self.reached, self.accepted, self.decay),
                                          (self.reached_fast, self.accepted_fast, self.fast_decay)):

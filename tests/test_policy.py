@@ -190,7 +190,6 @@ def test_speculation_comes_back_although_every_request_starts_far_behind():
     ks = [policy.next_k(remaining=200, lag=400) for _ in range(300)]  # 0.4 s to catch up = 4 plain rounds
     first = next((i for i, k in enumerate(ks) if k > 0), None)
     assert first is not None and first <= 100, first  # (the probe interval has doubled to 64 by now)
-    assert policy.rounds_off == 0 or ks.count(0) < 300
 
 
 def test_shadow_proposals_bring_speculation_back_without_probes():
