@@ -270,7 +270,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             d = prof.data
             mark = "applies here" if d["machine"]["key"] == here else "other machine"
             choice = ", ".join(f"{b}: {c['drafter']} K={c['k']} ({c['speedup']:.2f}x)" for b, c in d["choice"].items())
-            print(f"{path}  [{mark}]  pair {d['pair']['name']}, target {d['pair']['target_backend']} on "
+            print(f"{path}  [{mark}]  pair {d['pair']['name']}, target {d['pair']['target']} on "
                   f"{d['machine']['cpu_model']} / {d['machine']['gpu']}; {choice}")
         print(f"this machine: {here}")
         return 0

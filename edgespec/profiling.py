@@ -227,16 +227,23 @@ def list_profiles() -> list[tuple[Path, Profile | None, str | None]]:
     return out
 
 
-def find_profile(pair: str, target_backend: str, hw: dict, *, warn=None) -> Profile | None:
-    """The profile measured on this machine for this pair and target backend, if one exists."""
+def find_profile(pair: str, target_backend: str, hw: dict, *, target_detail: str | None = None,
+                 warn=None) -> Profile | None:
+    """The profile measured on this machine for this pair and target backend, if one exists. `target_detail`
+    (e.g. "torch cpu bfloat16") must also end the profile's target description when given: a torch target's
+    latencies depend on its dtype (bf16 runs ~2.6x faster than float32 on an avx512_bf16 CPU), so a float32
+    profile would mislead K for a bf16 target."""
     key = machine_key(hw)
     for path, prof, err in list_profiles():
         if prof is None:
             if warn:
                 warn(f"ignoring {err}")
             continue
-        if prof.pair == pair and prof.data["machine"]["key"] == key and prof.data["pair"]["target_backend"] == target_backend:
-            return prof
+        if prof.pair != pair or prof.data["machine"]["key"] != key or prof.data["pair"]["target_backend"] != target_backend:
+            continue
+        if target_detail and not prof.data["pair"].get("target", "").endswith(target_detail):
+            continue
+        return prof
     return None
 
 
@@ -314,7 +321,10 @@ def slug(text: str) -> str:
 def default_path(data: dict) -> Path:
     m = data["machine"]
     gpu = m["gpu"] if m["gpu"] != "none" else f"{m['cores_logical']}c"
-    return PROFILES_DIR / f"{slug(m['cpu_model'])}-{slug(gpu)}-{data['pair']['name']}-{data['pair']['target_backend']}.toml"
+    backend = data["pair"]["target_backend"]
+    if backend == "torch":  # one profile per dtype: their latencies differ several-fold
+        backend += "-" + data["pair"]["target"].rsplit(" ", 1)[-1]
+    return PROFILES_DIR / f"{slug(m['cpu_model'])}-{slug(gpu)}-{data['pair']['name']}-{slug(backend)}.toml"
 
 
 def progress_bar(total: int):

@@ -69,6 +69,20 @@ def planned_backend(spec: RuntimeSpec) -> str:
     return "torch" if check_device(spec.target_device, flag="--target-device").startswith("cuda") else "onnx"
 
 
+def planned_torch_detail(spec: RuntimeSpec) -> str | None:
+    """How a torch target will run ("torch cpu bfloat16"), the way its description will end; None for ONNX."""
+    import torch
+
+    from .hardware import check_device
+    from .loading import pick_dtype
+
+    if planned_backend(spec) != "torch":
+        return None
+    device = torch.device(check_device(spec.target_device, flag="--target-device"))
+    dtype = pick_dtype(spec.dtype, device)
+    return f"torch {device.type} {str(dtype).removeprefix('torch.')}"
+
+
 def build_runtime(spec: RuntimeSpec, progress: Callable[[str], None] | None = None) -> Runtime:
     """Resolve, convert (first run only), validate and load; progress lines go to `progress` (default stderr)."""
     from .progress import report, reporting_to
@@ -287,7 +301,8 @@ def select_profile(spec: RuntimeSpec, profile_path: str | None, temperature: flo
         except EdgespecError as err:
             warn(f"{err}; calibrating K online instead")
     elif spec.target is None:
-        profile = profiling.find_profile(spec.pair or DEFAULT_PAIR, planned_backend(spec), describe().to_dict(), warn=warn)
+        profile = profiling.find_profile(spec.pair or DEFAULT_PAIR, planned_backend(spec), describe().to_dict(),
+                                         target_detail=planned_torch_detail(spec), warn=warn)
     if profile is None:
         if not profile_path:
             warn("no profile for this machine and pair; K is calibrated during the first rounds "

@@ -75,6 +75,15 @@ def test_find_profile_matches_machine_pair_and_backend(tmp_path, monkeypatch):
     assert profiling.find_profile("demo", "onnx", {**HW, "cpu_model": "Another CPU"}) is None
 
 
+def test_a_torch_profile_matches_only_the_dtype_it_was_measured_with(tmp_path, monkeypatch):
+    monkeypatch.setattr(profiling, "profile_dirs", lambda: [tmp_path])
+    data = sample_profile()
+    data["pair"] = {**data["pair"], "target_backend": "torch", "target": "Demo · torch cpu float32"}
+    profiling.write_profile(data, tmp_path / "demo-torch.toml")
+    assert profiling.find_profile("demo", "torch", HW, target_detail="torch cpu float32") is not None
+    assert profiling.find_profile("demo", "torch", HW, target_detail="torch cpu bfloat16") is None
+
+
 @pytest.mark.parametrize("content", ["not = [valid toml", "schema = 1\n", "schema = 99\n"])
 def test_corrupt_profile_is_one_line_error(tmp_path, content):
     path = tmp_path / "bad.toml"
@@ -113,3 +122,19 @@ def test_terminal_plot_and_table():
     assert "greedy (T=0.0): choose int8" in profiling.table(data)
     plot = profiling.terminal_plot(data["drafters"]["int8"]["predicted"]["greedy"])
     assert plot.splitlines()[0].startswith("K=0")
+
+
+def test_the_planned_torch_detail_names_device_and_dtype():
+    from edgespec.runtime import RuntimeSpec, planned_torch_detail
+
+    assert planned_torch_detail(RuntimeSpec(pair="smollm2-135m", target_backend="torch", dtype="bfloat16")) == "torch cpu bfloat16"
+    assert planned_torch_detail(RuntimeSpec(pair="smollm2-135m", target_backend="torch")) == "torch cpu float32"
+    assert planned_torch_detail(RuntimeSpec(pair="smollm2-135m", target_backend="onnx")) is None
+
+
+def test_default_path_keeps_torch_dtypes_apart():
+    data = sample_profile()
+    data["pair"] = {**data["pair"], "target_backend": "torch", "target": "Demo · torch cpu bfloat16"}
+    assert profiling.default_path(data).name == "test-cpu-2c-demo-torch-bfloat16.toml"
+    data["pair"]["target_backend"], data["pair"]["target"] = "onnx", "Demo · onnxruntime cpu int4"
+    assert profiling.default_path(data).name == "test-cpu-2c-demo-onnx.toml"
