@@ -97,6 +97,8 @@ class SpeculativeEngine:
         if max_new_tokens < 1:
             raise EdgespecError(f"max_new_tokens={max_new_tokens} must be at least 1")
         policy = policy or FixedK(0)
+        if hasattr(policy, "begin_request"):  # a policy written against the older protocol may lack it
+            policy.begin_request()
         seed = params.seed if params.seed is not None else int(torch.seed() % 2**62)
         # Two generators: the rule's draws never depend on how many numbers the drafter consumed.
         verify_rng = torch.Generator().manual_seed(seed)

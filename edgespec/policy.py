@@ -23,6 +23,9 @@ def check_k(k: int) -> int:
 
 
 class KPolicy(Protocol):
+    def begin_request(self) -> None:
+        """A new request (one answer) starts; the engine calls it before the first round."""
+
     def next_k(self, *, remaining: int | None = None, lag: int = 0) -> int:
         """K for the next round. `remaining`: tokens the request may still emit; `lag`: tokens the drafter
         must feed before it can draft (its lazy prefill), a one-off cost on top of drafting K."""
@@ -37,6 +40,9 @@ class FixedK:
 
     def __init__(self, k: int):
         self.k = check_k(k)
+
+    def begin_request(self) -> None:
+        pass
 
     def next_k(self, *, remaining: int | None = None, lag: int = 0) -> int:
         return self.k
@@ -130,8 +136,7 @@ class AdaptiveK:
         self.catch_up_ratio = catch_up_ratio
         self.catch_up_per_token: float | None = None
         self.answer_lengths: deque[int] = deque(maxlen=window)
-        self._emitted = 0  # tokens of the current request so far (rounds observed since the last new request)
-        self._last_remaining: int | None = None
+        self._emitted = 0  # tokens of the current request so far (rounds observed since it began)
         self.waiting = 0  # rounds at K = 0 because the catch-up would not be repaid
 
     # -- estimates ------------------------------------------------------------------------------------
@@ -179,12 +184,14 @@ class AdaptiveK:
         return Latencies.linear(self.draft_per_token, verify).expected(self.reach())
 
     # -- policy ---------------------------------------------------------------------------------------
+    def begin_request(self) -> None:
+        """The previous answer is finished: its length joins the recent answer lengths (the horizon a
+        catch-up must be repaid over)."""
+        if self._emitted:
+            self.answer_lengths.append(self._emitted)
+        self._emitted = 0
+
     def next_k(self, *, remaining: int | None = None, lag: int = 0) -> int:
-        if remaining is not None:
-            if self._last_remaining is not None and remaining > self._last_remaining and self._emitted:
-                self.answer_lengths.append(self._emitted)  # a new request began: the last one is finished
-                self._emitted = 0
-            self._last_remaining = remaining
         if self._calibration:
             k = self._calibration.pop(0)
         else:

@@ -63,6 +63,7 @@ def replay(policy, m: list[int], lat, prompt_len: int = 0, catch_up_s: float = 0
     drafter has not seen (`prompt_len`, then one per round decoded without drafting) at `catch_up_s` each."""
     i, t, n = 0, 0.0, len(m)
     lag = prompt_len
+    policy.begin_request()
     while i < n:
         k = max(0, min(policy.next_k(remaining=n - i, lag=lag), n - i - 1, lat.k_max))
         a = min(k, m[i])

@@ -402,3 +402,17 @@ def test_a_free_drafter_failing_in_the_shadow_leaves_the_target_alone(models):
     assert [t for s in steps for t in s.tokens] == hf_greedy(target, PROMPTS[1], 12)
     notices = [s.notice for s in steps if s.notice]
     assert len(notices) == 1 and "lookup table gone" in notices[0] and "target alone" in notices[0]
+
+
+def test_the_engine_tells_the_policy_where_each_request_begins(models):
+    """AdaptiveK learns how long answers run (the horizon a draft model's catch-up must be repaid over) from
+    the engine's begin_request call, whatever budgets the requests carry (here the first stops early, leaving
+    more of its budget than the second has: inferring a new request from `remaining` going up missed that)."""
+    from edgespec.policy import AdaptiveK
+
+    policy = AdaptiveK(k_max=4)
+    engine = SpeculativeEngine(TorchTarget(models["target"]), drafter_for("close", models))
+    first = engine.run(PROMPTS[0], max_new_tokens=200, policy=policy, stop=lambda ids: len(ids) >= 10).token_ids
+    assert 10 <= len(first) < 20 and list(policy.answer_lengths) == []
+    engine.run(PROMPTS[1], max_new_tokens=50, policy=policy)
+    assert list(policy.answer_lengths) == [len(first)]

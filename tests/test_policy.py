@@ -159,14 +159,16 @@ def test_catch_up_price_is_measured_and_answer_lengths_cap_the_horizon():
     assert policy.catch_up_per_token == pytest.approx(0.001)
     # three requests that each ended after about 10 tokens (the budget was 500 every time)
     for _ in range(3):
+        policy.begin_request()
         remaining = 500
         while remaining > 490:
             k = policy.next_k(remaining=remaining, lag=1)
             policy.observe(k, k, k, k * T_DRAFT, VERIFY[k + 1])
             remaining -= k + 1
-    assert policy.next_k(remaining=500, lag=1) > 0  # the fourth request starts; the third is counted now
-    # the rounds before (no budget given) count as one long first answer; the three short ones follow
-    assert list(policy.answer_lengths)[-2:] == [12, 12]
+    policy.begin_request()  # the fourth request starts; the third is counted now
+    assert policy.next_k(remaining=500, lag=1) > 0
+    # the rounds before count as one long first answer; the three short ones follow
+    assert len(policy.answer_lengths) == 4 and list(policy.answer_lengths)[1:] == [12, 12, 12]
     # 3000 unseen tokens = 3 s; ~12 tokens at 0.1 s save less than 1.2 s: not repaid, although 500 may follow
     assert policy.next_k(remaining=500, lag=3000) == 0
     assert policy.next_k(remaining=500, lag=2) > 0
