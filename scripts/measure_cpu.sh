@@ -9,6 +9,7 @@ smol_hf=$(edgespec prepare smollm2-135m 2>/dev/null | awk '/target \(transformer
 step python scripts/bench_loop.py --target "$smol_hf" --tokens 64 --repeats 5 | tee "$out/loop-overhead-smollm2.txt"
 step edgespec profile --pair smollm2-135m
 step edgespec profile --pair qwen2.5-coder-1.5b
+step edgespec profile --pair qwen2.5-coder-1.5b --target-backend torch --dtype bfloat16
 step edgespec bench --pair smollm2-135m --quick --drafters int8,ngram --k 2,4,6,8,auto --out "$out"
 step edgespec bench --pair smollm2-135m --quick --drafters int8,int4,ngram --k 2,4,6,8,auto --temperature 0.7 --out "$out"
 step edgespec bench --pair qwen2.5-coder-1.5b --quick --drafters int4,ngram --k 2,4,6,auto --out "$out"
@@ -28,4 +29,6 @@ step edgespec bench --pair smollm2-135m --drafters int8,ngram --k 6,auto --repea
 step edgespec bench --pair smollm2-135m --drafters ngram --k 6,auto --repeats 1 --no-anchors --out "$out/ngram"
 step edgespec bench --pair qwen2.5-coder-1.5b --drafters ngram --k 2,5,auto --repeats 1 --no-anchors --out "$out/ngram"
 step edgespec bench --pair qwen2.5-coder-1.5b --drafters ngram --k 5,auto --temperature 0.7 --repeats 1 --no-anchors --out "$out/ngram"
+step edgespec bench --pair qwen2.5-coder-1.5b --target-backend torch --dtype bfloat16 --drafters int4 --k 5,auto --repeats 1 \
+  --out "$out/full"
 echo "=== done (load $(cut -d' ' -f1-3 /proc/loadavg), $(date +%H:%M:%S))"
