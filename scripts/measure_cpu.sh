@@ -34,4 +34,5 @@ step edgespec bench --pair qwen2.5-coder-1.5b --target-backend torch --dtype bfl
   --out "$out/full"
 step edgespec bench --pair qwen2.5-coder-1.5b --target-backend torch --dtype bfloat16 --drafters int4 --k 5,auto --repeats 1 \
   --temperature 0.7 --no-anchors --out "$out/full"
+step edgespec bench --pair smollm2-135m --target-backend torch --drafters int8 --k 6,auto --repeats 1 --out "$out/full"
 echo "=== done (load $(cut -d' ' -f1-3 /proc/loadavg), $(date +%H:%M:%S))"
