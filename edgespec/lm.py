@@ -13,6 +13,11 @@ from typing import Protocol, runtime_checkable
 import torch
 
 
+def torch_description(device: torch.device, dtype: torch.dtype) -> str:
+    """A torch model's `description`, e.g. "torch cpu bfloat16" (profiles are matched on it)."""
+    return f"torch {device.type} {str(dtype).removeprefix('torch.')}"
+
+
 @runtime_checkable
 class CausalLM(Protocol):
     """A decoder-only model with its own KV cache.
@@ -56,7 +61,7 @@ class TorchLM:
         param = next(model.parameters())
         self.device = param.device
         self.dtype = param.dtype
-        self.description = f"torch {self.device.type} {str(self.dtype).removeprefix('torch.')}"
+        self.description = torch_description(self.device, self.dtype)
         self._cache = None
         self._length = 0
         # transformers renamed `past_key_values` to `cache` in 5.x; accept either, so the GPU script runs on

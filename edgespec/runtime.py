@@ -74,13 +74,13 @@ def planned_torch_detail(spec: RuntimeSpec) -> str | None:
     import torch
 
     from .hardware import check_device
+    from .lm import torch_description
     from .loading import pick_dtype
 
     if planned_backend(spec) != "torch":
         return None
     device = torch.device(check_device(spec.target_device, flag="--target-device"))
-    dtype = pick_dtype(spec.dtype, device)
-    return f"torch {device.type} {str(dtype).removeprefix('torch.')}"
+    return torch_description(device, pick_dtype(spec.dtype, device))
 
 
 def build_runtime(spec: RuntimeSpec, progress: Callable[[str], None] | None = None) -> Runtime:

@@ -130,8 +130,9 @@ def main() -> None:
     print(f"bare session    : {d:.2f} tok/s (runs {', '.join(f'{x:.2f}' for x in direct_tps)})")
     print(f"ratio app/bare  : {a / d:.3f}")
     paired = [x / y for x, y in zip(app_tps, direct_tps)]
+    q1, _, q3 = statistics.quantiles(paired, n=4)
     print(f"paired ratios   : median {statistics.median(paired):.3f} (each app run over the bare run after it; "
-          f"quartiles {statistics.quantiles(paired, n=4)[0]:.3f}-{statistics.quantiles(paired, n=4)[2]:.3f})")
+          f"quartiles {q1:.3f}-{q3:.3f})")
     print(f"UI thread CPU while streaming: {100 * statistics.median(ui_shares):.1f}% of one core (median)")
     if PROFILER is not None:
         PROFILER.dump_stats(args.profile_ui)

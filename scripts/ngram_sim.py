@@ -93,11 +93,9 @@ def replay(policy, ms: list[int], ls: list[int], verify: list[float]) -> float:
     policy.begin_request()
     while i < n:
         k = max(0, min(policy.next_k(remaining=n - i), n - i - 1, K_MAX))
-        if not learns:
-            pass
-        elif k > 0:
+        if learns and k > 0:
             shadow = None
-        elif shadow is None:
+        elif learns and shadow is None:
             proposed = min(ls[i], K_MAX)
             matched = min(ms[i], proposed)
             shadow = (i + min(matched + 1, proposed), proposed, matched) if proposed else None
