@@ -39,6 +39,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overlap", action="store_true",
                    help="draft the next round on its own thread while the target verifies (split the cores with --threads/--draft-threads)")
     p.add_argument("--profile", default=None, help="use this profile file for --k auto instead of the one matching this machine")
+    p.add_argument("--exact", action="store_true",
+                   help="ONNX target: run single-token steps through the same kernels as verification, so greedy "
+                        "output is bitwise the same at every K (plain decoding 6-10%% slower)")
 
 
 def parse_k(text) -> int | str:
@@ -200,7 +203,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise EdgespecError(f"drafter {name!r} needs a draft model; give --pair or --draft DIR")
         drafters[name] = drafter
     eos = rt.engine.eos_token_ids
-    configs = [bench.engine_config(bench.TARGET_ONLY, SpeculativeEngine(target, None, eos_token_ids=eos), lambda: FixedK(0))]
+    plain = SpeculativeEngine(target, None, eos_token_ids=eos)
+    rows = getattr(target.lm, "min_rows", 1)  # 2 with --exact
+    if rows > 1:
+        def set_rows(n):
+            def setup():
+                target.lm.min_rows = n
+            return setup
+        # The speed baseline is the fastest plain decoding (one row a step); the greedy reference is the target
+        # alone with the exact numerics every speculative configuration runs with.
+        configs = [bench.engine_config(bench.TARGET_ONLY, plain, lambda: FixedK(0), setup=set_rows(1)),
+                   bench.engine_config(bench.TARGET_ONLY_EXACT, plain, lambda: FixedK(0), setup=set_rows(rows))]
+        exact_setup = set_rows(rows)
+    else:
+        configs = [bench.engine_config(bench.TARGET_ONLY, plain, lambda: FixedK(0))]
+        exact_setup = None
     for name, drafter in drafters.items():
         modes = [False, True] if args.overlap and hasattr(drafter, "propose_ahead") else [False]
         for overlap in modes:
@@ -212,9 +229,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 if k == "auto":
                     # one per configuration: it keeps what it learnt across prompts
                     policy = make_policy("auto", profile, name, args.temperature, overlap=overlap)
-                    configs.append(bench.engine_config(f"{name}@auto{tag}", engine, lambda p=policy: p))
+                    configs.append(bench.engine_config(f"{name}@auto{tag}", engine, lambda p=policy: p, setup=exact_setup))
                 else:
-                    configs.append(bench.engine_config(f"{name}@{k}{tag}", engine, lambda k=k: FixedK(k)))
+                    configs.append(bench.engine_config(f"{name}@{k}{tag}", engine, lambda k=k: FixedK(k), setup=exact_setup))
     notes = []
     if not args.no_anchors:
         if rt.target_backend == "torch":
@@ -234,11 +251,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
     session = ChatSession(rt.engine, rt.tokenizer)
     settings = {"pair": rt.pair or args.target, "target": rt.target_description, "draft": rt.draft_description,
                 "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "greedy": params.greedy,
-                "max_new_tokens": max_new, "repeats": repeats, "prompts": len(prompts), "ks": ks,
+                "max_new_tokens": max_new, "repeats": repeats, "prompts": len(prompts), "ks": ks, "exact": rows > 1,
                 "title": f"{rt.pair or 'custom'} / {rt.target_backend} target / T={args.temperature}"}
     result = bench.run_bench(configs, prompts, session.encode, params=params, max_new_tokens=max_new, repeats=repeats,
                              command=bench.command_line(), machine=bench.machine_description(), settings=settings)
     result.notes.extend(notes)
+    if rows > 1 and params.greedy:
+        outs = {(r.config, r.prompt_id): r.token_ids for r in result.records if r.repeat == 0}
+        differ = sum(outs[(bench.TARGET_ONLY, p["id"])] != outs[(bench.TARGET_ONLY_EXACT, p["id"])] for p in prompts)
+        result.notes.append(f"--exact: the greedy reference is {bench.TARGET_ONLY_EXACT} (single steps run as {rows} rows); "
+                            f"plain {bench.TARGET_ONLY} (one row a step, the speed baseline) gives different output on "
+                            f"{differ} of {len(prompts)} prompts: the kernels' rounding, not speculation")
     stem = f"{rt.pair or 'custom'}-{rt.target_backend}-t{args.temperature:g}" + ("-quick" if args.quick else "")
     paths = bench.write_outputs(result, Path(args.out), stem)
     print(bench.markdown(result))

@@ -34,6 +34,7 @@ class RuntimeSpec:
     threads: int | None = None  # ONNX Runtime intra-op threads per session (default: all cores)
     draft_threads: int | None = None  # the draft session's threads (default: `threads`)
     overlap: bool = False  # draft round i+1 on its own thread while the target verifies round i
+    exact: bool = False  # an ONNX target's single-token steps run as two rows (OnnxLM min_rows): greedy output bitwise the same at every K
 
     @classmethod
     def from_args(cls, args) -> RuntimeSpec:
@@ -41,7 +42,8 @@ class RuntimeSpec:
         return cls(pair=args.pair, target=args.target, draft=args.draft, draft_backend=args.draft_backend,
                    target_backend=args.target_backend, target_device=args.target_device,
                    draft_device=args.draft_device, dtype=args.dtype, threads=args.threads,
-                   draft_threads=getattr(args, "draft_threads", None), overlap=getattr(args, "overlap", False))
+                   draft_threads=getattr(args, "draft_threads", None), overlap=getattr(args, "overlap", False),
+                   exact=getattr(args, "exact", False))
 
 
 @dataclass
@@ -107,6 +109,10 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
     backend = spec.target_backend
     if backend == "auto":
         backend = "torch" if target_device.startswith("cuda") else "onnx"
+    if spec.exact and backend != "onnx":
+        raise EdgespecError("--exact works with an ONNX Runtime target only (torch's kernels round a row "
+                            "differently depending on how many rows a step has); drop --exact or use "
+                            "--target-backend onnx")
 
     manifest = None
     if spec.target is None:
@@ -253,7 +259,9 @@ def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onn
         # A drafter needs the last position's logits only: its prefill then skips the vocabulary-sized matmul.
         onnx_dir = hf_to_onnx(source.hf_dir, precision=onnx_precision, last_logits_only=role == "draft")
     threads = spec.draft_threads or spec.threads if role == "draft" else spec.threads
-    return OnnxLM(onnx_dir, threads=threads, device="cuda" if device.startswith("cuda") else "cpu", name=role)
+    min_rows = 2 if spec.exact and role == "target" else 1
+    return OnnxLM(onnx_dir, threads=threads, device="cuda" if device.startswith("cuda") else "cpu", name=role,
+                  min_rows=min_rows)
 
 
 def _label(model, path: str | None) -> str:

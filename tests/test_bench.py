@@ -117,3 +117,20 @@ def test_unknown_drafter_is_one_line_error(tiny_checkpoints, tmp_path, capsys):
     assert main(quick_args(tiny_checkpoints, tmp_path) + ["--drafters", "magic"]) == 2
     err = capsys.readouterr().err
     assert "unknown drafter 'magic'" in err
+
+
+def test_with_an_exact_reference_the_greedy_check_compares_against_it():
+    from edgespec.bench import TARGET_ONLY_EXACT
+
+    records = [
+        rec(TARGET_ONLY, "a", "qa", 0, 4, 1.0, ids=[1, 2, 3, 4]),  # the one-row kernels round a tie the other way
+        rec(TARGET_ONLY_EXACT, "a", "qa", 0, 4, 1.1, ids=[1, 2, 7, 8]),
+        rec("int4@3", "a", "qa", 0, 4, 0.5, ids=[1, 2, 7, 8]),
+        rec("ngram@3", "a", "qa", 0, 4, 0.6, ids=[1, 2, 7, 9]),
+    ]
+    s = summarise(records, greedy=True)
+    assert s["reference"] == TARGET_ONLY_EXACT
+    assert s["mismatches"] == [{"config": "ngram@3", "prompt_id": "a", "first_difference": 3}]
+    # the speed baseline stays the plain target-only run
+    assert s["configs"]["int4@3"]["overall"]["speedup"] == pytest.approx(2.0)
+    assert s["configs"][TARGET_ONLY_EXACT]["overall"]["speedup"] == pytest.approx(1 / 1.1)

@@ -412,3 +412,77 @@ def test_onnx_target_greedy_speculation_equals_its_target_only(exports):
         for drafter in drafters:
             for k in (2, 5):
                 assert _greedy(target, drafter, prompt, k) == expected
+
+
+# ---- --exact: single steps through the kernels of a multi-token step -------------------------------------------
+
+def _steps(lm, tokens, rows):
+    lm.min_rows = rows
+    lm.reset()
+    lm.feed(PROMPT, 1)
+    return torch.cat([lm.feed([t], 1) for t in tokens]), lm.length
+
+
+@pytest.mark.parametrize("precision", ["int4", "fp32"])
+def test_two_row_single_steps_give_the_rows_of_a_multi_token_step_bitwise(exports, precision):
+    lm = OnnxLM(exports[precision], threads=2)
+    tokens = [33, 50, 51, 7, 90, 12]
+    stepped, length = _steps(lm, tokens, rows=2)
+    assert length == len(PROMPT) + len(tokens)  # the repeated id's row is not kept
+    lm.crop(len(PROMPT))
+    block = lm.feed(tokens, len(tokens))
+    assert torch.equal(stepped, block)  # bitwise: what makes greedy output independent of K
+    # and after a crop the cache holds the same as after the block
+    lm.crop(len(PROMPT) + 2)
+    assert torch.equal(lm.feed([tokens[2]], 1), block[2:3])
+    one_row, _ = _steps(lm, tokens, rows=1)
+    torch.testing.assert_close(one_row, block, atol=1e-3, rtol=1e-3)  # same model, other rounding at most
+
+
+def test_two_row_single_step_at_the_context_end_runs_as_one_row(exports):
+    lm = OnnxLM(exports["int4"], threads=1, min_rows=2)
+    lm.feed([i % 90 + 1 for i in range(CONTEXT - 1)], 0)
+    assert lm.length == CONTEXT - 1
+    assert lm.feed([9], 1).shape == (1, 96) and lm.length == CONTEXT
+
+
+def test_exact_onnx_target_greedy_speculation_equals_its_target_only_bitwise(exports):
+    from edgespec.drafters import ModelDrafter, NgramDrafter
+    from edgespec.target import ModelTarget
+
+    target = ModelTarget(OnnxLM(exports["int4"], threads=2, min_rows=2))
+    drafters = [ModelDrafter(OnnxLM(exports["int4_last"], threads=1)), NgramDrafter()]
+    for prompt in ([1, 5, 9, 3], [1, 7, 7, 20, 11, 4, 9, 13]):
+        expected = _greedy(target, None, prompt, 0)
+        for drafter in drafters:
+            for k in (1, 3, 6):
+                assert _greedy(target, drafter, prompt, k) == expected
+
+
+def test_bench_exact_checks_against_the_exact_target_alone(cache, tmp_path, capsys):
+    from edgespec.cli import main
+
+    # room for the bench prompts (one token a character), a head size ORT's attention takes
+    hf = save_tiny_checkpoint(tmp_path / "long", tiny_llama(vocab_size=96, seed=0, hidden=HIDDEN, max_pos=2048))
+    out_dir = tmp_path / "out"
+    args = ["bench", "--target", str(hf), "--target-backend", "onnx", "--draft", "ngram",
+            "--drafters", "ngram", "--quick", "--categories", "code,rag", "--max-new-tokens", "10", "--k", "2",
+            "--exact", "--out", str(out_dir)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "Greedy check: every output equals target-only-exact's" in out
+    data = json.loads(next(out_dir.glob("*.json")).read_text())
+    assert set(data["summary"]["configs"]) == {"target-only", "target-only-exact", "ngram@2"}
+    assert data["summary"]["reference"] == "target-only-exact" and data["settings"]["exact"] is True
+    assert any("--exact: the greedy reference is target-only-exact" in n for n in data["notes"])
+
+
+def test_exact_with_a_torch_target_is_a_one_line_error(exports, tmp_path, capsys):
+    from edgespec.cli import main
+
+    args = ["generate", "--target", str(exports["hf"]), "--target-backend", "torch", "--draft", "none",
+            "--prompt", "hi", "--exact"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # after the no-profile warning
+    assert last.startswith("edgespec: error: --exact works with an ONNX Runtime target only") and "Traceback" not in err
