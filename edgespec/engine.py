@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .drafters.base import Draft, Drafter
+from .drafters.ngram import lookup
 from .errors import EdgespecError
 from .metrics import SpecMetrics
 from .policy import MAX_K, FixedK, KPolicy
@@ -152,14 +153,21 @@ class SpeculativeEngine:
 
                 t0 = time.perf_counter()
                 draft = Draft([])
+                guess = False
                 if k > 0:
                     try:
                         draft = drafter.propose(k, params, draft_rng)
                     except Exception as err:  # noqa: BLE001 - any drafter failure: finish on the target alone
                         drafter, notice = None, _drafter_failed(err)
+                elif drafter is not None and getattr(target, "min_rows", 1) >= 2 and min(remaining, room) >= 2:
+                    # An exact target runs a lone token as two rows anyway: fill the second with a guess at the
+                    # next token (prompt lookup down to one token of context) instead of a repeat; accepted by
+                    # the same rule, it is a token for nothing.
+                    draft = Draft(lookup(seq, 1))
+                    guess = len(draft) > 0
                 t1 = time.perf_counter()
                 ahead = None
-                if ahead_pool is not None and drafter is not None and len(draft) > 0:
+                if ahead_pool is not None and drafter is not None and len(draft) > 0 and not guess:
                     # Draft the next round (its first token is the guess at the target's next token).
                     ahead = ahead_pool.submit(drafter.propose_ahead, 2 * len(draft) + 1, params, draft_rng)
                 logits = target.verify([seq[-1], *draft.tokens])
@@ -171,7 +179,11 @@ class SpeculativeEngine:
                         drafter, notice = None, _drafter_failed(err)
                 target.rollback(len(seq) + verdict.n_accepted)
                 if drafter is not None:
-                    drafter.commit(verdict.n_accepted, verdict.next_token)
+                    if guess:  # the drafter proposed nothing: it hears the round's tokens one by one
+                        for token in [*draft.tokens[: verdict.n_accepted], verdict.next_token]:
+                            drafter.commit(0, token)
+                    else:
+                        drafter.commit(verdict.n_accepted, verdict.next_token)
                 t2 = time.perf_counter()
 
                 emitted = [*draft.tokens[: verdict.n_accepted], verdict.next_token]
@@ -186,17 +198,21 @@ class SpeculativeEngine:
                 seq.extend(emitted)
                 generated.extend(emitted)
                 if shadow is not None and k == 0:
-                    hit = emitted[0] == shadow[shadow_hits]
-                    shadow_hits += hit
-                    if not hit or shadow_hits == len(shadow):
-                        policy.observe_shadow(len(shadow), shadow_hits)
-                        shadow = None
+                    for token in emitted:  # two with an accepted guess
+                        hit = token == shadow[shadow_hits]
+                        shadow_hits += hit
+                        if not hit or shadow_hits == len(shadow):
+                            policy.observe_shadow(len(shadow), shadow_hits)
+                            shadow = None
+                            break
                 if reason is None and len(seq) >= target.max_context:
                     reason = STOP_CONTEXT
                 if reason is None and stop is not None and stop(generated):
                     reason = STOP_STRING
                 # The policy learns the cost per drafted token: a catch-up (the draft model's prefill) is not.
-                policy.observe(k, len(draft), verdict.n_accepted, max(t1 - t0 - draft.catch_up_s, 0.0), t2 - t1,
+                # (a guess round is a K = 0 round to the policy: what it costs is what a plain step costs here)
+                policy.observe(k, 0 if guess else len(draft), 0 if guess else verdict.n_accepted,
+                               max(t1 - t0 - draft.catch_up_s, 0.0), t2 - t1,
                                catch_up_s=draft.catch_up_s, catch_up_tokens=draft.catch_up_tokens)
                 yield Step(
                     tokens=emitted,

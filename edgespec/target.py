@@ -85,6 +85,11 @@ class ModelTarget:
     def length(self) -> int:
         return self.lm.length
 
+    @property
+    def min_rows(self) -> int:
+        """Rows a one-token step runs as (2 for an exact ONNX target: see `OnnxLM`)."""
+        return getattr(self.lm, "min_rows", 1)
+
     def prefill(self, ids: list[int]) -> None:
         self._cache.sync(ids)
 

@@ -416,3 +416,69 @@ def test_the_engine_tells_the_policy_where_each_request_begins(models):
     assert 10 <= len(first) < 20 and list(policy.answer_lengths) == []
     engine.run(PROMPTS[1], max_new_tokens=50, policy=policy)
     assert list(policy.answer_lengths) == [len(first)]
+
+
+# ---- an exact target (single steps run as two rows): K = 0 rounds fill the second row with a guess ----------
+
+class Alternate:
+    """K = 0 and K = 3 in turn."""
+
+    k_max = 3
+
+    def begin_request(self):
+        self.round = 0
+
+    def next_k(self, remaining, lag=0):
+        self.round += 1
+        return 0 if self.round % 2 else 3
+
+    def observe(self, *args, **kwargs):
+        pass
+
+
+def exact_like(model):
+    """A torch target that says its one-token steps run as two rows, as an exact ONNX target does."""
+    target = TorchTarget(model)
+    target.lm.min_rows = 2
+    return target
+
+
+def test_k0_rounds_on_an_exact_target_guess_the_next_token_and_stay_target_only(models):
+    target = models["target"]
+    for drafter in (TorchDrafter(models["close"]), NgramDrafter()):
+        engine = SpeculativeEngine(exact_like(target), drafter)
+        for prompt in PROMPTS:
+            expected = hf_greedy(target, prompt, 40)
+            steps = list(engine.generate(prompt, max_new_tokens=40, policy=FixedK(0)))
+            assert [t for s in steps for t in s.tokens] == expected
+            assert all(s.k == 0 for s in steps)
+            guessed = [s for s in steps if s.n_drafted == 1]
+            assert guessed and any(s.n_accepted == 1 and len(s.tokens) == 2 for s in guessed)
+            # the drafter heard every token: guess rounds between drafted rounds keep target-only's output
+            mixed = list(engine.generate(prompt, max_new_tokens=40, policy=Alternate()))
+            assert [t for s in mixed for t in s.tokens] == expected
+            assert any(s.k == 3 for s in mixed) and any(s.k == 0 and len(s.tokens) == 2 for s in mixed)
+    # With the target as its own drafter every drafted token is accepted, unless a guess round left the
+    # drafter's view of the text behind.
+    engine = SpeculativeEngine(exact_like(target), TorchDrafter(target))
+    for prompt in PROMPTS:
+        mixed = list(engine.generate(prompt, max_new_tokens=60, policy=Alternate()))
+        assert any(s.k == 0 and len(s.tokens) == 2 for s in mixed)
+        assert all(s.n_accepted == s.n_drafted for s in mixed if s.k == 3)
+
+
+def test_no_guess_without_a_drafter_or_on_a_one_row_target(models):
+    target = models["target"]
+    alone = [s.n_drafted for s in SpeculativeEngine(exact_like(target)).generate(PROMPTS[1], max_new_tokens=20)]
+    plain = SpeculativeEngine(TorchTarget(target), NgramDrafter())
+    one_row = [s.n_drafted for s in plain.generate(PROMPTS[1], max_new_tokens=20, policy=FixedK(0))]
+    assert set(alone) == {0} and set(one_row) == {0}
+
+
+def test_sampling_with_guess_rounds_matches_target(small_vocab):
+    target, _ = small_vocab
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]  # the one-token lookup guesses 3, then whatever follows
+    params = SAMPLING[0]
+    exact = exact_two_token_distribution(target, prompt, params)
+    spec = SpeculativeEngine(exact_like(target), NgramDrafter())
+    assert chi_square_p(sampled_counts(spec, prompt, params, 0, N_SAMPLES), exact) > 1e-3

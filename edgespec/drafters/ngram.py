@@ -54,17 +54,22 @@ class NgramDrafter:
         self._proposed = []
 
     def _lookup(self, k: int) -> list[int]:
-        """The k tokens after the most recent earlier occurrence of the longest matching suffix n-gram
-        (at most `weak_cap` of them when that n-gram is `weak_ngram` tokens or shorter)."""
-        ids = self._ids
-        n_ids = len(ids)
-        for n in range(min(self.max_ngram, n_ids - 1), self.min_ngram - 1, -1):
-            suffix = ids[n_ids - n:]
-            first = suffix[0]
-            # Scan backwards so the most recent occurrence wins: recent text predicts the next text best.
-            for start in range(n_ids - n - 1, -1, -1):
-                if ids[start] == first and ids[start:start + n] == suffix:
-                    follow = ids[start + n:start + n + (min(k, self.weak_cap) if n <= self.weak_ngram else k)]
-                    if follow:
-                        return follow
-        return []
+        return lookup(self._ids, k, max_ngram=self.max_ngram, min_ngram=self.min_ngram,
+                      weak_ngram=self.weak_ngram, weak_cap=self.weak_cap)
+
+
+def lookup(ids: list[int], k: int, *, max_ngram: int = 5, min_ngram: int = 1, weak_ngram: int = 0,
+           weak_cap: int = 0) -> list[int]:
+    """The k tokens after the most recent earlier occurrence of the longest matching suffix n-gram of `ids`
+    (at most `weak_cap` of them when that n-gram is `weak_ngram` tokens or shorter)."""
+    n_ids = len(ids)
+    for n in range(min(max_ngram, n_ids - 1), min_ngram - 1, -1):
+        suffix = ids[n_ids - n:]
+        first = suffix[0]
+        # Scan backwards so the most recent occurrence wins: recent text predicts the next text best.
+        for start in range(n_ids - n - 1, -1, -1):
+            if ids[start] == first and ids[start:start + n] == suffix:
+                follow = ids[start + n:start + n + (min(k, weak_cap) if n <= weak_ngram else k)]
+                if follow:
+                    return follow
+    return []
