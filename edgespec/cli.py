@@ -299,6 +299,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return 0
     k_max = check_k(args.k_max)
     spec = runtime_spec(args)
+    if spec.exact:
+        raise EdgespecError("edgespec profile measures the target's plain one-row steps, which --k auto compares "
+                            "against also under --exact; drop --exact")
     if spec.draft == "ngram":
         spec.draft = None  # the pair's model drafters are measured; n-gram needs no model and is always measured
     rt = build_runtime(spec)

@@ -129,3 +129,9 @@ def test_error_corrupt_weights(tiny_checkpoints, tmp_path):
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
     code, _, err = run_cli("generate", "--target", str(broken), "--prompt", "x")
     one_line_error(code, err, "corrupt")
+
+
+def test_error_profile_with_exact(tiny_checkpoints, capsys):
+    assert main(["profile", "--target", str(tiny_checkpoints["target"]), "--exact", "--quick"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "drop --exact" in err[0] and err[0].startswith("edgespec: error:")
