@@ -204,20 +204,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         drafters[name] = drafter
     eos = rt.engine.eos_token_ids
     plain = SpeculativeEngine(target, None, eos_token_ids=eos)
-    rows = getattr(target.lm, "min_rows", 1)  # 2 with --exact
+    rows = target.min_rows  # 2 with --exact
+
+    def set_rows(n):
+        def setup():
+            target.lm.min_rows = n
+        return setup
+
+    exact_setup = set_rows(rows) if rows > 1 else None
+    # With --exact the speed baseline is still the fastest plain decoding (one row a step); the greedy reference
+    # is the target alone with the exact numerics every speculative configuration runs with.
+    configs = [bench.engine_config(bench.TARGET_ONLY, plain, lambda: FixedK(0), setup=set_rows(1) if rows > 1 else None)]
     if rows > 1:
-        def set_rows(n):
-            def setup():
-                target.lm.min_rows = n
-            return setup
-        # The speed baseline is the fastest plain decoding (one row a step); the greedy reference is the target
-        # alone with the exact numerics every speculative configuration runs with.
-        configs = [bench.engine_config(bench.TARGET_ONLY, plain, lambda: FixedK(0), setup=set_rows(1)),
-                   bench.engine_config(bench.TARGET_ONLY_EXACT, plain, lambda: FixedK(0), setup=set_rows(rows))]
-        exact_setup = set_rows(rows)
-    else:
-        configs = [bench.engine_config(bench.TARGET_ONLY, plain, lambda: FixedK(0))]
-        exact_setup = None
+        configs.append(bench.engine_config(bench.TARGET_ONLY_EXACT, plain, lambda: FixedK(0), setup=exact_setup))
     for name, drafter in drafters.items():
         modes = [False, True] if args.overlap and hasattr(drafter, "propose_ahead") else [False]
         for overlap in modes:
