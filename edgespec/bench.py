@@ -31,8 +31,8 @@ from .policy import check_k
 
 CATEGORIES = ("multi_turn", "translation", "summarization", "qa", "math", "rag", "code", "rewrite")
 TARGET_ONLY = "target-only"
-# With --exact: the target alone with the exact target's numerics (single steps run as two rows). It is the
-# reference of the greedy check; plain target-only (the fastest plain decoding) stays the speed baseline.
+# With --exact: the target alone with the exact target's numerics (short steps padded to its `min_rows`). It is
+# the reference of the greedy check; plain target-only (the fastest plain decoding) stays the speed baseline.
 TARGET_ONLY_EXACT = "target-only-exact"
 
 

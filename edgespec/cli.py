@@ -40,8 +40,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="draft the next round on its own thread while the target verifies (split the cores with --threads/--draft-threads)")
     p.add_argument("--profile", default=None, help="use this profile file for --k auto instead of the one matching this machine")
     p.add_argument("--exact", action="store_true",
-                   help="ONNX target: run single-token steps through the same kernels as verification, so greedy "
-                        "output is bitwise the same at every K (plain decoding 6-10%% slower)")
+                   help="run the target's short steps through the same kernels as verification (padded rows; torch: "
+                        "a fixed-length cache), so greedy output is bitwise the same at every K (plain decoding slower)")
 
 
 def parse_k(text) -> int | str:
@@ -204,7 +204,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         drafters[name] = drafter
     eos = rt.engine.eos_token_ids
     plain = SpeculativeEngine(target, None, eos_token_ids=eos)
-    rows = target.min_rows  # 2 with --exact
+    rows = target.min_rows  # more than 1 with --exact (`edgespec.lm.exact_rows`)
 
     def set_rows(n):
         def setup():
@@ -258,7 +258,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if rows > 1 and params.greedy:
         outs = {(r.config, r.prompt_id): r.token_ids for r in result.records if r.repeat == 0}
         differ = sum(outs[(bench.TARGET_ONLY, p["id"])] != outs[(bench.TARGET_ONLY_EXACT, p["id"])] for p in prompts)
-        result.notes.append(f"--exact: the greedy reference is {bench.TARGET_ONLY_EXACT} (single steps run as {rows} rows); "
+        result.notes.append(f"--exact: the greedy reference is {bench.TARGET_ONLY_EXACT} (steps run as {rows} rows at least"
+                            f"{', over a fixed-length cache' if rt.target_backend == 'torch' else ''}); "
                             f"plain {bench.TARGET_ONLY} (one row a step, the speed baseline) gives different output on "
                             f"{differ} of {len(prompts)} prompts: the kernels' rounding, not speculation")
     stem = f"{rt.pair or 'custom'}-{rt.target_backend}-t{args.temperature:g}" + ("-quick" if args.quick else "")

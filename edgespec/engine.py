@@ -100,12 +100,16 @@ class SpeculativeEngine:
         policy = policy or FixedK(0)
         if hasattr(policy, "begin_request"):  # a policy written against the older protocol may lack it
             policy.begin_request()
+        if hasattr(policy, "min_rows"):  # an exact target's short steps cost what `min_rows` rows do
+            policy.min_rows = getattr(target, "min_rows", 1)
         seed = params.seed if params.seed is not None else int(torch.seed() % 2**62)
         # Two generators: the rule's draws never depend on how many numbers the drafter consumed.
         verify_rng = torch.Generator().manual_seed(seed)
         draft_rng = torch.Generator().manual_seed(seed + 1)
 
         start = time.perf_counter()
+        if hasattr(target, "reserve"):  # an exact target sizes its cache from the whole request
+            target.reserve(min(len(prompt_ids) + max_new_tokens, target.max_context))
         target.prefill(prompt_ids[:-1])
         if drafter is not None:
             drafter.begin(prompt_ids)
@@ -159,11 +163,11 @@ class SpeculativeEngine:
                         draft = drafter.propose(k, params, draft_rng)
                     except Exception as err:  # noqa: BLE001 - any drafter failure: finish on the target alone
                         drafter, notice = None, _drafter_failed(err)
-                elif drafter is not None and getattr(target, "min_rows", 1) >= 2 and min(remaining, room) >= 2:
-                    # An exact target runs a lone token as two rows anyway: fill the second with a guess at the
-                    # next token (prompt lookup down to one token of context) instead of a repeat; accepted by
-                    # the same rule, it is a token for nothing.
-                    draft = Draft(lookup(seq, 1))
+                elif drafter is not None and (rows := getattr(target, "min_rows", 1)) >= 2 and min(remaining, room) >= 2:
+                    # An exact target runs a lone token as `rows` rows anyway: fill the others with guesses at the
+                    # next tokens (prompt lookup down to one token of context) instead of repeats; accepted by
+                    # the same rule, they are tokens for nothing.
+                    draft = Draft(lookup(seq, min(rows, remaining, room) - 1))
                     guess = len(draft) > 0
                 t1 = time.perf_counter()
                 ahead = None

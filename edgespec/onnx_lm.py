@@ -48,13 +48,13 @@ class OnnxLM:
     `threads` sets ORT's intra-op pool (default: every core this process may use); `device` is "cpu" or
     "cuda" (ORT's CUDA execution provider, which must be installed: onnxruntime-gpu).
 
-    `min_rows` (1 or 2): a feed shorter than this runs as `min_rows` rows, the last id repeated, and keeps
-    only its own rows. ORT's CPU kernels compute a one-token step differently from a step of several tokens
-    (different rounding), while steps of two or more tokens give every row bitwise the same result whatever
-    their count (measured on the INT4 Qwen2.5 1.5B export: a single step's logits differ by up to 0.17).
-    With `min_rows=2` plain decoding therefore takes the same numbers as verifying a block of drafts, and
-    greedy output is the same token for token at every K (`--exact`), at the price of one more row per
-    step without a draft (6-10% slower plain decoding there).
+    `min_rows`: a feed shorter than this runs as `min_rows` rows, the last id repeated, and keeps only its
+    own rows. ORT's CPU kernels compute a one-token step differently from a step of several tokens (different
+    rounding), while steps of two or more tokens give every row bitwise the same result whatever their count
+    (measured on the INT4 Qwen2.5 1.5B export: a single step's logits differ by up to 0.17). With `min_rows=2`
+    plain decoding therefore takes the same numbers as verifying a block of drafts, and greedy output is the
+    same token for token at every K (`--exact`, which sets it from `edgespec.lm.exact_rows`), at the price of
+    one more row per step without a draft (6-10% slower plain decoding there).
     """
 
     def __init__(self, onnx_dir: Path | str, *, threads: int | None = None, device: str = "cpu",

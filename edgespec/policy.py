@@ -138,6 +138,9 @@ class AdaptiveK:
         self.answer_lengths: deque[int] = deque(maxlen=window)
         self._emitted = 0  # tokens of the current request so far (rounds observed since it began)
         self.waiting = 0  # rounds at K = 0 because the catch-up would not be repaid
+        # An exact target runs a step of fewer rows padded to `min_rows` (the engine sets it from the target):
+        # verifying n < min_rows tokens then costs what min_rows do, plain decoding included.
+        self.min_rows = 1
 
     # -- estimates ------------------------------------------------------------------------------------
     def conditional_acceptance(self) -> list[float]:
@@ -180,7 +183,8 @@ class AdaptiveK:
         known = sorted(self.verify)
         verify = [0.0]
         for n in range(1, self.k_max + 2):
-            verify.append(self.verify[n] if n in self.verify else _interpolate(self.verify, known, n))
+            m = max(n, self.min_rows)
+            verify.append(self.verify[m] if m in self.verify else _interpolate(self.verify, known, m))
         return Latencies.linear(self.draft_per_token, verify).expected(self.reach())
 
     # -- policy ---------------------------------------------------------------------------------------
@@ -288,7 +292,7 @@ class AdaptiveK:
     def _latencies(self, n_drafted: int, draft_s: float, verify_s: float) -> None:
         # Latencies: medians of the last few rounds. A round is a few milliseconds, so one preempted round on a
         # busy machine can take 10x its usual time; a mean would let that single spike switch speculation off.
-        n = n_drafted + 1
+        n = max(n_drafted + 1, self.min_rows)  # the rows the target ran
         if verify_s > 0 and n in self.profile_verify:
             self.verify_scale = self._recent("verify", verify_s / self.profile_verify[n])
             self.verify = {m: t * self.verify_scale for m, t in self.profile_verify.items()}

@@ -34,7 +34,7 @@ class RuntimeSpec:
     threads: int | None = None  # ONNX Runtime intra-op threads per session (default: all cores)
     draft_threads: int | None = None  # the draft session's threads (default: `threads`)
     overlap: bool = False  # draft round i+1 on its own thread while the target verifies round i
-    exact: bool = False  # an ONNX target's single-token steps run as two rows (OnnxLM min_rows): greedy output bitwise the same at every K
+    exact: bool = False  # the target's short steps run padded to the rows that make it exact (`lm.exact_rows`): greedy output bitwise the same at every K
 
     @classmethod
     def from_args(cls, args) -> RuntimeSpec:
@@ -109,11 +109,6 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
     backend = spec.target_backend
     if backend == "auto":
         backend = "torch" if target_device.startswith("cuda") else "onnx"
-    if spec.exact and backend != "onnx":
-        raise EdgespecError("--exact works with an ONNX Runtime target only (torch's kernels round a row "
-                            "differently depending on how many rows a step has); drop --exact or use "
-                            "--target-backend onnx")
-
     manifest = None
     if spec.target is None:
         manifest = load_manifest(spec.pair or DEFAULT_PAIR)
@@ -131,6 +126,14 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
     target_label = _label(manifest.target if manifest else None, spec.target)
     tokenizer = load_tokenizer(target_source.hf_dir or target_source.onnx_dir)
     target_lm = _build_lm(target_source, backend, target_device, spec, onnx_precision, "target", progress)
+    if spec.exact:
+        from .lm import EXACT_ROW_COUNTS, exact_rows
+
+        progress("target: finding the row count that makes its steps exact")
+        if exact_rows(target_lm) is None:
+            raise EdgespecError(f"--exact: this target ({target_lm.description}) rounds a row differently with "
+                                f"every step size tried ({', '.join(map(str, EXACT_ROW_COUNTS))} rows at least), "
+                                f"so no padding makes its output the same at every K; drop --exact")
 
     # ---- drafter
     drafter_name = spec.draft or (manifest.default_drafters[0] if manifest else "ngram")
@@ -259,9 +262,7 @@ def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onn
         # A drafter needs the last position's logits only: its prefill then skips the vocabulary-sized matmul.
         onnx_dir = hf_to_onnx(source.hf_dir, precision=onnx_precision, last_logits_only=role == "draft")
     threads = spec.draft_threads or spec.threads if role == "draft" else spec.threads
-    min_rows = 2 if spec.exact and role == "target" else 1
-    return OnnxLM(onnx_dir, threads=threads, device="cuda" if device.startswith("cuda") else "cpu", name=role,
-                  min_rows=min_rows)
+    return OnnxLM(onnx_dir, threads=threads, device="cuda" if device.startswith("cuda") else "cpu", name=role)
 
 
 def _label(model, path: str | None) -> str:

@@ -87,8 +87,13 @@ class ModelTarget:
 
     @property
     def min_rows(self) -> int:
-        """Rows a one-token step runs as (2 for an exact ONNX target: see `OnnxLM`)."""
+        """Rows a short step runs as (more than 1 for an exact target: see `TorchLM`, `OnnxLM`, `exact_rows`)."""
         return getattr(self.lm, "min_rows", 1)
+
+    def reserve(self, total: int) -> None:
+        """Tell the backend a request will hold `total` tokens (an exact torch target sizes its cache by it)."""
+        if hasattr(self.lm, "reserve"):
+            self.lm.reserve(total)
 
     def prefill(self, ids: list[int]) -> None:
         self._cache.sync(ids)

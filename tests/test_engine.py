@@ -10,7 +10,7 @@ from edgespec.drafters import NgramDrafter, TorchDrafter
 from edgespec.engine import STOP_CONTEXT, STOP_EOS, STOP_LENGTH, STOP_STRING, SpeculativeEngine
 from edgespec.errors import EdgespecError
 from edgespec.lm import TorchLM
-from edgespec.policy import FixedK
+from edgespec.policy import AdaptiveK, FixedK
 from edgespec.sampling import SamplingParams, probs_from_logits
 from edgespec.target import TorchTarget
 
@@ -418,7 +418,7 @@ def test_the_engine_tells_the_policy_where_each_request_begins(models):
     assert list(policy.answer_lengths) == [len(first)]
 
 
-# ---- an exact target (single steps run as two rows): K = 0 rounds fill the second row with a guess ----------
+# ---- an exact target (short steps padded to min_rows rows): K = 0 rounds fill the padding with guesses ------
 
 class Alternate:
     """K = 0 and K = 3 in turn."""
@@ -436,10 +436,10 @@ class Alternate:
         pass
 
 
-def exact_like(model):
-    """A torch target that says its one-token steps run as two rows, as an exact ONNX target does."""
+def exact_like(model, rows=2):
+    """An exact torch target whose short steps run as `rows` rows (over a fixed-length cache)."""
     target = TorchTarget(model)
-    target.lm.min_rows = 2
+    target.lm.min_rows = rows
     return target
 
 
@@ -465,6 +465,25 @@ def test_k0_rounds_on_an_exact_target_guess_the_next_token_and_stay_target_only(
         mixed = list(engine.generate(prompt, max_new_tokens=60, policy=Alternate()))
         assert any(s.k == 0 and len(s.tokens) == 2 for s in mixed)
         assert all(s.n_accepted == s.n_drafted for s in mixed if s.k == 3)
+
+
+def test_k0_rounds_fill_every_padding_row_with_guesses(models):
+    target = models["target"]
+    engine = SpeculativeEngine(exact_like(target, rows=4), NgramDrafter())
+    for prompt in PROMPTS:
+        expected = hf_greedy(target, prompt, 40)
+        steps = list(engine.generate(prompt, max_new_tokens=40, policy=FixedK(0)))
+        assert [t for s in steps for t in s.tokens] == expected
+        assert max(s.n_drafted for s in steps) <= 3  # three padding rows at most
+    # a repeating prompt gives full three-token guesses, and they are accepted when the target repeats too
+    prompt = [5, 9, 14, 3] * 6
+    steps = list(engine.generate(prompt, max_new_tokens=30, policy=FixedK(0)))
+    assert [t for s in steps for t in s.tokens] == hf_greedy(target, prompt, 30)
+    assert any(s.n_drafted == 3 for s in steps)
+    # --k auto learns that a short step costs what four rows do
+    policy = AdaptiveK()
+    list(engine.generate(prompt, max_new_tokens=10, policy=policy))
+    assert policy.min_rows == 4
 
 
 def test_no_guess_without_a_drafter_or_on_a_one_row_target(models):

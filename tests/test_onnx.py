@@ -475,14 +475,3 @@ def test_bench_exact_checks_against_the_exact_target_alone(cache, tmp_path, caps
     assert set(data["summary"]["configs"]) == {"target-only", "target-only-exact", "ngram@2"}
     assert data["summary"]["reference"] == "target-only-exact" and data["settings"]["exact"] is True
     assert any("--exact: the greedy reference is target-only-exact" in n for n in data["notes"])
-
-
-def test_exact_with_a_torch_target_is_a_one_line_error(exports, tmp_path, capsys):
-    from edgespec.cli import main
-
-    args = ["generate", "--target", str(exports["hf"]), "--target-backend", "torch", "--draft", "none",
-            "--prompt", "hi", "--exact"]
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    last = err.strip().splitlines()[-1]  # after the no-profile warning
-    assert last.startswith("edgespec: error: --exact works with an ONNX Runtime target only") and "Traceback" not in err

@@ -207,3 +207,14 @@ def test_shadow_proposals_bring_speculation_back_without_probes():
         policy.observe_shadow(8, 8)  # the lookup keeps predicting the target's next 8 tokens
         ks.append(policy.next_k())
     assert ks[-1] >= 4 and ks.index(next(k for k in ks if k > 0)) <= 6, ks
+
+
+def test_an_exact_targets_row_floor_prices_short_steps_as_min_rows():
+    policy = profiled()
+    policy.min_rows = 4  # the engine sets it from an exact target, whose short steps run padded to 4 rows
+    lat = policy.latencies()
+    assert lat.verify[1] == lat.verify[2] == lat.verify[3] == lat.verify[4] == pytest.approx(VERIFY[4])
+    assert lat.verify[6] == pytest.approx(VERIFY[6])
+    policy.observe(0, 0, 0, 0.0, 2 * VERIFY[4])  # a K = 0 round ran 4 rows, twice as slow as profiled
+    assert policy.verify_scale == pytest.approx(2.0)
+    assert policy.latencies().verify[1] == pytest.approx(2 * VERIFY[4])
