@@ -31,7 +31,9 @@ step edgespec bench --pair smollm2-135m --drafters ngram --k 6,auto --repeats 1 
 step edgespec bench --pair qwen2.5-coder-1.5b --drafters ngram --k 2,5,auto --repeats 1 --no-anchors --out "$out/ngram"
 step edgespec bench --pair qwen2.5-coder-1.5b --drafters ngram --k 5,auto --temperature 0.7 --repeats 1 --no-anchors --out "$out/ngram"
 step edgespec bench --pair qwen2.5-coder-1.5b --target-backend torch --dtype bfloat16 --drafters int4 --k 5,auto --repeats 1 \
-  --out "$out/full"
+  --out "$out/full/plain"
+step edgespec bench --pair qwen2.5-coder-1.5b --target-backend torch --dtype bfloat16 --drafters int4 --k 5,auto --repeats 1 \
+  --exact --out "$out/full"
 step edgespec bench --pair qwen2.5-coder-1.5b --target-backend torch --dtype bfloat16 --drafters int4 --k 5,auto --repeats 1 \
   --temperature 0.7 --no-anchors --out "$out/full"
 step edgespec bench --pair smollm2-135m --target-backend torch --drafters int8 --k 6,auto --repeats 1 --out "$out/full"
