@@ -37,7 +37,9 @@ step edgespec bench --pair qwen2.5-coder-1.5b --target-backend torch --dtype bfl
 step edgespec bench --pair qwen2.5-coder-1.5b --target-backend torch --dtype bfloat16 --drafters int4 --k 5,auto --repeats 1 \
   --temperature 0.7 --no-anchors --out "$out/full"
 step edgespec bench --pair smollm2-135m --target-backend torch --drafters int8 --k 6,auto --repeats 1 --out "$out/full"
+step edgespec bench --pair smollm2-135m --target-backend torch --drafters int8 --k 6,auto --temperature 0.7 --repeats 1 --no-anchors --out "$out/full"
 step edgespec bench --pair qwen2.5-coder-1.5b --drafters int4,ngram --k 5,auto --repeats 1 --no-anchors --exact --out "$out/full"
 step edgespec bench --pair qwen2.5-coder-1.5b --drafters int4,ngram --k 5,auto --repeats 1 --no-anchors --temperature 0.7 --out "$out/full"
 step edgespec bench --pair qwen2.5-coder-1.5b --drafters int4 --k 1,2,3,4,5,6,7,8,auto --repeats 1 --no-anchors --out "$out/autok"
+step edgespec bench --pair qwen2.5-coder-1.5b --drafters int4 --k 1,2,3,4,5,6,7,8,auto --repeats 1 --no-anchors --temperature 0.7 --out "$out/autok"
 echo "=== done (load $(cut -d' ' -f1-3 /proc/loadavg), $(date +%H:%M:%S))"
