@@ -109,8 +109,8 @@ class TorchLM:
     def reserve(self, total: int) -> None:
         """Size an exact cache for a request of `total` tokens (prompt + new tokens). A new length drops what
         is cached (rows computed against another length round differently); plain mode ignores it."""
-        if self._min_rows > 1 and self._bucket(total) != self._static_len:
-            self._static_len = self._bucket(total)
+        if self._min_rows > 1 and (length := self._bucket(total)) != self._static_len:
+            self._static_len = length
             self._cache, self._ids = None, []
 
     def reset(self) -> None:
@@ -159,7 +159,7 @@ class TorchLM:
         self._ids.extend(ids)
         if logits_for == 0:
             return torch.empty(0, self.vocab_size)
-        logits = out.logits[0, -rows:][:n] if rows > n else out.logits[0]
+        logits = out.logits[0, :n]  # the step's own rows (all it kept when not exact), without the padding
         return logits[logits.shape[0] - logits_for:].float()
 
     def crop(self, length: int) -> None:
