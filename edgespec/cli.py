@@ -347,6 +347,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         "created": __import__("time").strftime("%Y-%m-%dT%H:%M:%S"),
         "command": "edgespec " + " ".join(sys.argv[1:]),
         "machine": {"key": profiling.machine_key(hw), "cpu_model": hw.get("cpu_model"),
+                    "cpu_flags": [f for f, on in (hw.get("cpu_flags") or {}).items() if on],
                     "cores_logical": hw.get("cores_logical"), "cores_usable": hw.get("cores_usable"),
                     "memory_gib": round((hw.get("memory_total") or 0) / 2**30, 1), "gpu": ", ".join(gpus) or "none",
                     "torch": hw.get("torch"), "onnxruntime": hw.get("onnxruntime"), "transformers": hw.get("transformers"),

@@ -28,10 +28,24 @@ BANDS = {"greedy": 0.0, "sampling": 0.7}  # temperature bands: the measured temp
 CALIBRATION_CATEGORIES = ("multi_turn", "translation", "summarization", "qa", "math", "rag", "code", "rewrite")
 
 
+# The CPU features that decide which kernels run, in rising order. Virtual machines often report only a family
+# name ("AMD EPYC"): two machines with that name measured here, one with AVX-512 VNNI/BF16 and one with AVX2
+# only, ran the Qwen 1.5B INT4 target 5x apart, and verifying 3 tokens cost 1.2x one token on the first but
+# 2x on the second, so a profile from one chose K badly on the other.
+KEY_FLAGS = ("avx2", "avx_vnni", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8", "amx_bf16",
+             "asimddp", "i8mm", "bf16", "sve")
+
+
+def isa_tag(hw: dict) -> str:
+    """The KEY_FLAGS this CPU has, joined by '+' ("isa-unknown" where /proc/cpuinfo says nothing)."""
+    flags = hw.get("cpu_flags") or {}
+    return "+".join(f for f in KEY_FLAGS if flags.get(f)) or "isa-unknown"
+
+
 def machine_key(hw: dict) -> str:
-    """What must be equal for a profile to apply: CPU model, usable cores, GPU names."""
+    """What must be equal for a profile to apply: CPU model, usable cores, GPU names, CPU features."""
     gpus = "+".join(d["name"] for d in hw.get("cuda_devices", [])) or "cpu"
-    return f"{hw.get('cpu_model', '?')}|{hw.get('cores_usable') or hw.get('cores_logical')}c|{gpus}"
+    return f"{hw.get('cpu_model', '?')}|{hw.get('cores_usable') or hw.get('cores_logical')}c|{gpus}|{isa_tag(hw)}"
 
 
 def band_for(temperature: float) -> str:
@@ -239,7 +253,14 @@ def find_profile(pair: str, target_backend: str, hw: dict, *, target_detail: str
             if warn:
                 warn(f"ignoring {err}")
             continue
-        if prof.pair != pair or prof.data["machine"]["key"] != key or prof.data["pair"]["target_backend"] != target_backend:
+        if prof.pair != pair or prof.data["pair"]["target_backend"] != target_backend:
+            continue
+        their = prof.data["machine"]["key"]
+        if their != key:
+            if warn and their.count("|") == 2 and key.startswith(their + "|"):
+                warn(f"ignoring {path}: it was measured on {prof.data['machine']['cpu_model']} but does not "
+                     f"record which CPU features that one had (this one: {isa_tag(hw)}), and they decide the "
+                     f"latencies; run `edgespec profile` to measure this machine")
             continue
         if target_detail and not prof.data["pair"].get("target", "").endswith(target_detail):
             continue
@@ -324,7 +345,10 @@ def default_path(data: dict) -> Path:
     backend = data["pair"]["target_backend"]
     if backend == "torch":  # one profile per dtype: their latencies differ several-fold
         backend += "-" + data["pair"]["target"].rsplit(" ", 1)[-1]
-    return PROFILES_DIR / f"{slug(m['cpu_model'])}-{slug(gpu)}-{data['pair']['name']}-{slug(backend)}.toml"
+    fields = m.get("key", "").split("|")
+    isa = fields[3].split("+")[-1] if len(fields) > 3 else ""  # the CPU's most advanced KEY_FLAGS feature
+    parts = [slug(m["cpu_model"]), slug(gpu), slug(isa), data["pair"]["name"], slug(backend)]
+    return PROFILES_DIR / ("-".join(p for p in parts if p) + ".toml")
 
 
 def progress_bar(total: int):

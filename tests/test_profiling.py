@@ -135,6 +135,30 @@ def test_the_planned_torch_detail_names_device_and_dtype():
 def test_default_path_keeps_torch_dtypes_apart():
     data = sample_profile()
     data["pair"] = {**data["pair"], "target_backend": "torch", "target": "Demo · torch cpu bfloat16"}
-    assert profiling.default_path(data).name == "test-cpu-2c-demo-torch-bfloat16.toml"
+    assert profiling.default_path(data).name == "test-cpu-2c-isa-unknown-demo-torch-bfloat16.toml"
     data["pair"]["target_backend"], data["pair"]["target"] = "onnx", "Demo · onnxruntime cpu int4"
-    assert profiling.default_path(data).name == "test-cpu-2c-demo-onnx.toml"
+    assert profiling.default_path(data).name == "test-cpu-2c-isa-unknown-demo-onnx.toml"
+
+
+def test_a_profile_applies_only_to_a_cpu_with_the_same_features(tmp_path, monkeypatch):
+    # Two virtual machines both calling themselves "AMD EPYC" ran the same model 5x apart: AVX-512 VNNI vs AVX2.
+    monkeypatch.setattr(profiling, "profile_dirs", lambda: [tmp_path])
+    zen4 = {**HW, "cpu_flags": {"avx2": True, "avx512f": True, "avx512_vnni": True, "avx512_bf16": True}}
+    avx2 = {**HW, "cpu_flags": {"avx2": True, "avx512f": False, "avx512_vnni": False}}
+    data = sample_profile()
+    data["machine"]["key"] = profiling.machine_key(zen4)
+    profiling.write_profile(data, tmp_path / "demo.toml")
+    assert profiling.find_profile("demo", "onnx", zen4) is not None
+    assert profiling.find_profile("demo", "onnx", avx2) is None
+    assert profiling.default_path(data).name == "test-cpu-2c-avx512-bf16-demo-onnx.toml"
+
+
+def test_a_profile_that_predates_cpu_features_is_ignored_with_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setattr(profiling, "profile_dirs", lambda: [tmp_path])
+    hw = {**HW, "cpu_flags": {"avx2": True}}
+    data = sample_profile()
+    data["machine"]["key"] = "Test CPU|2c|cpu"  # the key profiles had before it named the CPU's features
+    profiling.write_profile(data, tmp_path / "old.toml")
+    warnings = []
+    assert profiling.find_profile("demo", "onnx", hw, warn=warnings.append) is None
+    assert len(warnings) == 1 and "old.toml" in warnings[0] and "avx2" in warnings[0] and "edgespec profile" in warnings[0]
