@@ -325,12 +325,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
     target = rt.engine.target
     verify, spread = {}, {}
     propose = {name: {} for name in drafters}
+    catch_up = {name: {} for name in drafters}
     for ctx in contexts:
         ids = (filler * (ctx // max(len(filler), 1) + 1))[:ctx]
         verify[str(ctx)], spread[str(ctx)] = profiling.measure_verify(target, ids, range(1, k_max + 2), repeats)
         bar.update(1)
         for name, drafter in drafters.items():
             propose[name][str(ctx)] = profiling.measure_propose(drafter, ids, k_max, repeats)
+            catch_up[name][str(ctx)] = profiling.measure_catch_up(drafter, ids, repeats)
             bar.update(1)
     acceptance = {name: {} for name in drafters}
     reach = {name: {} for name in drafters}
@@ -355,9 +357,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
         "pair": {"name": rt.pair or Path(args.target or "custom").name, "target": rt.target_description,
                  "target_backend": rt.target_backend, "draft": rt.draft_description or "none"},
         "settings": {"k_max": k_max, "repeats": repeats, "calibration_prompts": [p["id"] for p in prompts],
-                     "max_new_tokens": max_new, "bands": profiling.BANDS},
+                     "max_new_tokens": max_new, "bands": profiling.BANDS,
+                     "typical_prompt_tokens": round(sum(map(len, calib)) / len(calib)),
+                     "request_tokens": profiling.REQUEST_TOKENS},
         "latency": {"unit": "ms", "contexts": contexts, "verify": verify, "verify_spread": spread},
         "drafters": {name: {"description": getattr(d, "description", name), "propose": propose[name],
+                            "catch_up_ms_per_token": catch_up[name],
                             "acceptance": acceptance[name], "reach": reach[name]} for name, d in drafters.items()},
     }
     profiling.predict(data, k_max)

@@ -135,3 +135,18 @@ def test_error_profile_with_exact(tiny_checkpoints, capsys):
     assert main(["profile", "--target", str(tiny_checkpoints["target"]), "--exact", "--quick"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "drop --exact" in err[0] and err[0].startswith("edgespec: error:")
+
+
+def test_profile_end_to_end_on_tiny_models_measures_the_drafters_prefill(tiny_checkpoints, tmp_path):
+    from edgespec import profiling
+
+    out = tmp_path / "tiny.toml"
+    assert main(["profile", "--target", str(tiny_checkpoints["target"]), "--target-backend", "torch",
+                 "--draft", str(tiny_checkpoints["draft"]), "--draft-backend", "torch",
+                 "--quick", "--k-max", "2", "--out", str(out)]) == 0
+    prof = profiling.read_profile(out)
+    assert prof.data["settings"]["typical_prompt_tokens"] > 100  # the calibration prompts, one token a char
+    # Taking in a 256-token context costs a model drafter real time; the n-gram lookup nothing to speak of.
+    assert prof.catch_up_ms("torch") > prof.catch_up_ms("ngram") >= 0
+    for band in profiling.BANDS:
+        assert set(prof.choice(band)) == {"drafter", "k", "speedup", "request_speedup"}

@@ -35,7 +35,8 @@ def test_predict_chooses_drafter_and_k_per_band():
     data = sample_profile()
     greedy = data["choice"]["greedy"]
     # K=4: E = 1 + .9 + .8 + .7 + .6 = 4.0 tokens for 4 * 3 + 28 = 40 ms, vs 20 ms a token plain: 2.0x
-    assert greedy == {"drafter": "int8", "k": 4, "speedup": pytest.approx(2.0)}
+    # No prefill measured (no typical prompt): the whole answer runs as fast as its rounds.
+    assert greedy == {"drafter": "int8", "k": 4, "speedup": pytest.approx(2.0), "request_speedup": pytest.approx(2.0)}
     # At T=0.7 the model draft is rarely accepted; cheap n-gram drafting with 30% acceptance still pays.
     assert data["choice"]["sampling"]["drafter"] == "ngram"
 
@@ -54,7 +55,7 @@ def test_reach_discounts_positions_a_drafter_seldom_proposes():
 def test_nothing_pays_means_k_zero():
     data = sample_profile(verify=(0, 20, 40, 60, 80, 100), draft_per_token=25.0)
     for band in profiling.BANDS:
-        assert data["choice"][band] == {"drafter": "none", "k": 0, "speedup": 1.0}
+        assert data["choice"][band] == {"drafter": "none", "k": 0, "speedup": 1.0, "request_speedup": 1.0}
 
 
 def test_toml_round_trip(tmp_path):
@@ -162,3 +163,29 @@ def test_a_profile_that_predates_cpu_features_is_ignored_with_a_warning(tmp_path
     warnings = []
     assert profiling.find_profile("demo", "onnx", hw, warn=warnings.append) is None
     assert len(warnings) == 1 and "old.toml" in warnings[0] and "avx2" in warnings[0] and "edgespec profile" in warnings[0]
+
+
+def test_the_drafter_is_chosen_over_a_whole_answer_including_its_prefill_of_the_prompt():
+    # Per round int8 wins (1.6x vs 1.33x), but it must first take in the prompt; n-gram need not.
+    data = sample_profile(verify=(0, 20, 22, 24, 26, 28), draft_per_token=3.0)
+    data["drafters"]["int8"]["acceptance"]["greedy"] = [0.8, 0.6, 0.4, 0.2]
+    data["drafters"]["ngram"]["acceptance"]["greedy"] = [0.4, 0.2, 0.1, 0.05]
+    profiling.predict(data, 4)
+    assert data["choice"]["greedy"]["drafter"] == "int8"
+    per_round = data["choice"]["greedy"]["speedup"]
+    data["settings"] = {"typical_prompt_tokens": 400}
+    data["drafters"]["int8"]["catch_up_ms_per_token"] = {"128": 2.0, "512": 2.0}  # 800 ms a request
+    data["drafters"]["ngram"]["catch_up_ms_per_token"] = {"128": 0.0, "512": 0.0}
+    profiling.predict(data, 4)
+    choice = data["choice"]["greedy"]
+    assert choice["drafter"] == "ngram" and choice["speedup"] == choice["request_speedup"]
+    # 128 tokens at 20 ms plain = 2.56 s; int8's rounds take 2.56 / per_round, plus 0.8 s of prefill.
+    assert profiling.request_speedup(per_round, 0.8, 0.020) == pytest.approx(2.56 / (2.56 / per_round + 0.8))
+    assert "int8 800 ms, ngram 0 ms" in profiling.table(data)
+
+
+def test_a_profile_without_prefill_measurements_still_reads_and_predicts(tmp_path):
+    data = sample_profile()
+    path = profiling.write_profile(data, tmp_path / "old.toml")
+    prof = profiling.read_profile(path)
+    assert prof.catch_up_ms("int8") == 0.0 and prof.choice("greedy")["drafter"] == "int8"
