@@ -214,7 +214,9 @@ def predict(data: dict, k_max: int) -> None:
     from .costmodel import best_k, speedups
 
     prof = Profile(data)
-    prompt_tokens = data.get("settings", {}).get("typical_prompt_tokens", 0)
+    settings = data.get("settings", {})
+    prompt_tokens = settings.get("typical_prompt_tokens", 0)
+    answer_tokens = settings.get("request_tokens", REQUEST_TOKENS)
     data["choice"] = {}
     for band in BANDS:
         best = {"drafter": "none", "k": 0, "speedup": 1.0, "request_speedup": 1.0}
@@ -224,7 +226,7 @@ def predict(data: dict, k_max: int) -> None:
             table = speedups(surv, lat)
             d.setdefault("predicted", {})[band] = [round(x, 4) for x in table]
             k, s = best_k(surv, lat, margin=0.02)
-            whole = request_speedup(s, prompt_tokens * prof.catch_up_ms(name) / 1000, lat.verify[1])
+            whole = request_speedup(s, prompt_tokens * prof.catch_up_ms(name) / 1000, lat.verify[1], answer_tokens)
             if k > 0 and whole > best["request_speedup"]:
                 best = {"drafter": name, "k": k, "speedup": round(s, 4), "request_speedup": round(whole, 4)}
         data["choice"][band] = best
