@@ -339,6 +339,7 @@ def policy_from_profile(profile: Profile | None, drafter: str, temperature: floa
 # ------------------------------------------------------------------------------------------- output
 
 def table(data: dict) -> str:
+    prof = Profile(data)
     lines = []
     for band in BANDS:
         c = data["choice"][band]
@@ -352,13 +353,12 @@ def table(data: dict) -> str:
             if d.get("reach") and any(r < 1 for r in d["reach"][band]):
                 lines.append(f"  {name:6} reach    " + " ".join(f"{r:.2f}" for r in d["reach"][band]))
             lines.append(f"  {name:6} speed-up by K: " + " ".join(f"{k}:{s:.2f}" for k, s in enumerate(pred)))
-    ctx = Profile(data)._mid_context()
+    ctx = prof._mid_context()
     lines.append(f"target verify ms (n=1..) at context {ctx}: " + " ".join(f"{t:.1f}" for t in data["latency"]["verify"][ctx][1:]))
     for name, d in data["drafters"].items():
         lines.append(f"{name} propose ms (k=1..) at context {ctx}: " + " ".join(f"{t:.1f}" for t in d["propose"][ctx][1:]))
     settings = data.get("settings", {})
     if "typical_prompt_tokens" in settings:
-        prof = Profile(data)
         lines.append(f"drafters' prefill of a {settings['typical_prompt_tokens']}-token prompt, paid once per answer "
                      f"(the drafter is chosen over a {settings.get('request_tokens', REQUEST_TOKENS)}-token answer): "
                      + ", ".join(f"{name} {prof.catch_up_ms(name) * settings['typical_prompt_tokens']:.0f} ms"
