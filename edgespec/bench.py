@@ -38,8 +38,12 @@ TARGET_ONLY_EXACT = "target-only-exact"
 
 # ------------------------------------------------------------------------------------------- prompt set
 
-def load_prompts(categories: Sequence[str] | None = None, *, quick: bool = False, path: Path | None = None) -> list[dict]:
-    """The bench prompts (chats), filtered by category; `quick` keeps the first quick prompt per category."""
+def load_prompts(categories: Sequence[str] | None = None, *, quick: bool = False, per_category: int | None = None,
+                 path: Path | None = None) -> list[dict]:
+    """The bench prompts (chats), filtered by category; `quick` keeps the first quick prompt per category,
+    `per_category` the first N prompts of each category (in file order)."""
+    if per_category is not None and per_category < 1:
+        raise EdgespecError(f"--per-category must be at least 1, got {per_category}")
     if categories:
         unknown = [c for c in categories if c not in CATEGORIES]
         if unknown:
@@ -53,6 +57,14 @@ def load_prompts(categories: Sequence[str] | None = None, *, quick: bool = False
         for p in prompts:
             if p.get("quick") and p["category"] not in seen:
                 seen.add(p["category"])
+                kept.append(p)
+        prompts = kept
+    if per_category is not None:
+        counts: dict[str, int] = {}
+        kept = []
+        for p in prompts:
+            counts[p["category"]] = counts.get(p["category"], 0) + 1
+            if counts[p["category"]] <= per_category:
                 kept.append(p)
         prompts = kept
     return prompts

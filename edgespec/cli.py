@@ -83,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--k", default="0,2,4,6,8,auto", help="comma list of K values and/or auto")
     b.add_argument("--categories", default=None, help="comma list of categories (default: all)")
     b.add_argument("--quick", action="store_true", help="one prompt per category, 48 tokens, K 3 and auto (about 2 min)")
+    b.add_argument("--per-category", type=int, default=None, metavar="N",
+                   help="the first N prompts of each category (default: all 7; a fixed-K sweep on a slow machine)")
     b.add_argument("--repeats", type=int, default=None, help="repeats per prompt (median taken; default 3, quick 1)")
     b.add_argument("--anchor-k", type=int, default=4, help="fixed K for transformers' assisted generation anchor")
     b.add_argument("--no-anchors", action="store_true", help="skip transformers' assisted generation / prompt lookup")
@@ -180,7 +182,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     ks = bench.parse_ks("3,auto" if args.quick and args.k == "0,2,4,6,8,auto" else args.k)
     check_k(args.anchor_k)
     categories = args.categories.split(",") if args.categories else None
-    prompts = bench.load_prompts(categories, quick=args.quick)
+    prompts = bench.load_prompts(categories, quick=args.quick, per_category=args.per_category)
     max_new = args.max_new_tokens or (48 if args.quick else 128)
     repeats = args.repeats or (1 if args.quick else 3)
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
@@ -263,6 +265,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                             f"plain {bench.TARGET_ONLY} (one row a step, the speed baseline) gives different output on "
                             f"{differ} of {len(prompts)} prompts: the kernels' rounding, not speculation")
     stem = f"{rt.pair or 'custom'}-{rt.target_backend}-t{args.temperature:g}" + ("-quick" if args.quick else "")
+    stem += f"-n{args.per_category}" if args.per_category and not args.quick else ""
     paths = bench.write_outputs(result, Path(args.out), stem)
     print(bench.markdown(result))
     print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)

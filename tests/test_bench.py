@@ -69,6 +69,11 @@ def test_summary_totals_weigh_long_answers_and_flag_mismatch():
 def test_prompt_set_filters():
     assert len(bench.load_prompts(quick=True)) == len(bench.CATEGORIES)
     assert {p["category"] for p in bench.load_prompts(["code", "rag"])} == {"code", "rag"}
+    two = bench.load_prompts(["code", "rag"], per_category=2)
+    assert [p["id"] for p in two] == ["rag-01", "rag-02", "code-01", "code-02"]
+    assert len(bench.load_prompts(per_category=100)) == len(bench.load_prompts())
+    with pytest.raises(EdgespecError, match="--per-category must be at least 1"):
+        bench.load_prompts(per_category=0)
 
 
 @pytest.mark.parametrize("bad,needle", [(["poetry"], "unknown bench category")])
@@ -111,6 +116,17 @@ def test_quick_run_flags_injected_greedy_mismatch(tiny_checkpoints, tmp_path, ca
     assert main(quick_args(tiny_checkpoints, tmp_path) + ["--no-anchors"]) == 1
     out = capsys.readouterr().out
     assert "GREEDY MISMATCHES" in out and "first difference at generated token" in out
+
+
+def test_per_category_runs_the_first_n_prompts_of_each_category(tiny_checkpoints, tmp_path):
+    args = ["bench", "--target", str(tiny_checkpoints["target"]), "--draft", "ngram", "--target-backend", "torch",
+            "--categories", "code,rag", "--per-category", "2", "--max-new-tokens", "6", "--k", "2", "--repeats", "1",
+            "--no-anchors", "--out", str(tmp_path)]
+    assert main(args) == 0
+    [json_path] = tmp_path.glob("*.json")
+    assert json_path.stem.endswith("-n2")  # does not overwrite the full run's report
+    data = json.loads(json_path.read_text())
+    assert sorted({r["prompt_id"] for r in data["records"]}) == ["code-01", "code-02", "rag-01", "rag-02"]
 
 
 def test_unknown_drafter_is_one_line_error(tiny_checkpoints, tmp_path, capsys):
