@@ -275,6 +275,46 @@ def run_bench(configs: Sequence[Config], prompts: Sequence[dict], encode: Callab
 
 # ---------------------------------------------------------------------------------------------- report
 
+# The profile issue's targets for --k auto against a fixed-K sweep.
+AUTO_WITHIN_BEST = 0.95  # auto at least 95% of the best fixed K (K = 0 included) in each category
+AUTO_VS_K0 = 0.97  # and never more than 3% below K = 0 (target-only)
+
+
+def auto_vs_fixed(summary: dict) -> dict[str, dict[str, dict]]:
+    """Per drafter with an `@auto` run and at least one fixed-K run (same overlap tag), per category and overall:
+    the best fixed K (target-only counts as K = 0), auto's speed-up over it and over K = 0, and whether auto meets
+    AUTO_WITHIN_BEST and AUTO_VS_K0. Empty when the run has no such sweep."""
+    configs = summary["configs"]
+    base = configs.get(TARGET_ONLY, {})
+    out: dict[str, dict[str, dict]] = {}
+    for name in configs:
+        if "@auto" not in name:
+            continue
+        drafter, tag = name.split("@auto", 1)
+        fixed = {}
+        for other in configs:  # "int8@3", or "int8@3+overlap" for "int8@auto+overlap"
+            if other.startswith(drafter + "@") and other.endswith(tag):
+                k = other[len(drafter) + 1: len(other) - len(tag)]
+                if k.isdigit():
+                    fixed[int(k)] = configs[other]
+        if not fixed:
+            continue
+        fixed[0] = base
+        rows = {}
+        for cat, auto_row in configs[name].items():
+            speeds = {k: r[cat]["tokens_per_s"] for k, r in fixed.items() if cat in r}
+            if 0 not in speeds or not speeds[0]:
+                continue
+            best_k = max(speeds, key=lambda k: speeds[k])
+            auto = auto_row["tokens_per_s"]
+            rows[cat] = {"best_k": best_k, "best_speedup": speeds[best_k] / speeds[0],
+                         "auto_speedup": auto / speeds[0], "auto_over_best": auto / speeds[best_k],
+                         "within_best": auto >= AUTO_WITHIN_BEST * speeds[best_k],
+                         "not_below_k0": auto >= AUTO_VS_K0 * speeds[0]}
+        out[name] = rows
+    return out
+
+
 def markdown(result: BenchResult) -> str:
     s = result.summary
     configs = list(s["configs"])
@@ -316,6 +356,25 @@ def markdown(result: BenchResult) -> str:
     for c in configs:
         rows = s["configs"][c]
         lines.append(f"| {c} | " + " | ".join(f"{rows[k]['tokens_per_s']:.2f}" if k in rows else "-" for k in cats) + " |")
+    sweep = auto_vs_fixed(s)
+    if sweep:
+        lines += ["", "## Auto against the fixed-K sweep", "",
+                  f"Per category: the best fixed K of the same drafter (K = 0 is target-only) and its speed-up, then auto's "
+                  f"tokens/s over the best fixed K's (target: >= {AUTO_WITHIN_BEST:.2f}) and over K = 0's (target: >= "
+                  f"{AUTO_VS_K0:.2f}); a cell missing a target is marked **!**.", ""]
+        for name, rows in sweep.items():
+            cols = [c for c in [*cats, "overall"] if c in rows]
+            lines += [f"**{name}**", "", "| | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols),
+                      "| best fixed K | " + " | ".join(f"{rows[c]['best_k']} ({_x(rows[c]['best_speedup'])})" for c in cols) + " |",
+                      "| auto / best fixed | " + " | ".join(f"{rows[c]['auto_over_best']:.2f}" + ("" if rows[c]["within_best"] else " **!**")
+                                                          for c in cols) + " |",
+                      "| auto / K = 0 | " + " | ".join(f"{rows[c]['auto_speedup']:.2f}" + ("" if rows[c]["not_below_k0"] else " **!**")
+                                                      for c in cols) + " |", ""]
+            missed = [c for c in cols if c != "overall" and not (rows[c]["within_best"] and rows[c]["not_below_k0"])]
+            lines.append(f"{name}: {len(cols) - (1 if 'overall' in cols else 0) - len(missed)} of "
+                         f"{len(cols) - (1 if 'overall' in cols else 0)} categories meet both targets"
+                         + (f"; missed: {', '.join(missed)}" if missed else "") + ".")
+            lines.append("")
     if result.settings.get("greedy"):
         lines += [""]
         ref = s.get("reference", TARGET_ONLY)

@@ -66,6 +66,24 @@ def test_summary_totals_weigh_long_answers_and_flag_mismatch():
     assert summarise(records, greedy=False)["mismatches"] == []  # sampling outputs are not compared
 
 
+def test_auto_against_the_fixed_k_sweep():
+    # 10 tokens per prompt; wall times give tokens/s: target-only 10, ngram@2 20 / 5, ngram@4 12.5 / 4, auto 19.2 / 9
+    walls = {TARGET_ONLY: (1.0, 1.0), "ngram@2": (0.5, 2.0), "ngram@4": (0.8, 2.5), "ngram@auto": (10 / 19.2, 10 / 9),
+             "ngram@2+overlap": (0.1, 0.1)}
+    records = [rec(c, pid, cat, 0, 10, w[i]) for c, w in walls.items() for i, (pid, cat) in enumerate([("a", "qa"), ("b", "rag")])]
+    sweep = bench.auto_vs_fixed(summarise(records, greedy=False))
+    assert list(sweep) == ["ngram@auto"]  # the overlap run is not part of the plain auto's sweep
+    qa, rag = sweep["ngram@auto"]["qa"], sweep["ngram@auto"]["rag"]
+    assert qa["best_k"] == 2 and qa["best_speedup"] == pytest.approx(2.0)
+    assert qa["auto_over_best"] == pytest.approx(0.96) and qa["within_best"] and qa["not_below_k0"]
+    assert rag["best_k"] == 0 and rag["auto_speedup"] == pytest.approx(0.9)
+    assert not rag["within_best"] and not rag["not_below_k0"]
+    result = bench.BenchResult(command="x", machine={}, settings={}, records=records,
+                               summary=summarise(records, greedy=False), load_before=(0, 0, 0), load_after=(0, 0, 0),
+                               peak_rss_mb=0, wall_s=1, notes=[])
+    assert "ngram@auto: 1 of 2 categories meet both targets; missed: rag." in bench.markdown(result)
+
+
 def test_prompt_set_filters():
     assert len(bench.load_prompts(quick=True)) == len(bench.CATEGORIES)
     assert {p["category"] for p in bench.load_prompts(["code", "rag"])} == {"code", "rag"}
