@@ -42,4 +42,9 @@ step edgespec bench --pair qwen2.5-coder-1.5b --drafters int4,ngram --k 5,auto -
 step edgespec bench --pair qwen2.5-coder-1.5b --drafters int4,ngram --k 5,auto --repeats 1 --no-anchors --temperature 0.7 --out "$out/full"
 step edgespec bench --pair qwen2.5-coder-1.5b --drafters int4 --k 1,2,3,4,5,6,7,8,auto --repeats 1 --no-anchors --out "$out/autok"
 step edgespec bench --pair qwen2.5-coder-1.5b --drafters int4 --k 1,2,3,4,5,6,7,8,auto --repeats 1 --no-anchors --temperature 0.7 --out "$out/autok"
+# Auto-K against a fixed-K sweep per category on a slow machine (issue 5): two prompts a category, both drafters.
+step edgespec bench --pair smollm2-135m --drafters ngram,int8 --k 1,2,3,4,5,6,7,8,auto --per-category 2 --repeats 1 \
+  --no-anchors --out "$out/sweep"
+step edgespec bench --pair smollm2-135m --drafters ngram --k 1,2,3,4,5,6,7,8,auto --per-category 2 --repeats 1 \
+  --no-anchors --temperature 0.7 --out "$out/sweep"
 echo "=== done (load $(cut -d' ' -f1-3 /proc/loadavg), $(date +%H:%M:%S))"
