@@ -158,8 +158,18 @@ class AdaptiveK:
 
     def _rates(self, accepted: list[float], reached: list[float]) -> list[float]:
         out = []
+        reach0 = self.reach()[0]
         for i in range(self.k_max):
-            lean = self.prior[0] if i == 0 else out[-1]
+            if i == 0:
+                lean = self.prior[0]
+            elif i == 1:
+                # Position 0's rate counts the rounds a drafter proposed nothing (an n-gram lookup without a
+                # match) as not accepted; position 1 is reached only after a proposal was accepted, so it leans
+                # on the acceptance of a proposal, not on the match rate. Leaning on the match rate would lock
+                # an n-gram drafter at K = 1 once position 1's counts have aged away (they only grow while K > 1).
+                lean = min(out[0] / max(reach0, 1e-6), 1.0)
+            else:
+                lean = out[-1]
             out.append((accepted[i] + 0.5 * lean) / (reached[i] + 0.5))
         return out
 

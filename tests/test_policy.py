@@ -125,6 +125,21 @@ def test_a_drafter_that_seldom_proposes_is_charged_only_for_what_it_proposes():
     assert lat.verify[7] < VERIFY[1] + 0.3 * (VERIFY[7] - VERIFY[1])
 
 
+def test_a_seldom_proposing_drafter_is_not_locked_at_k_1():
+    """An n-gram lookup matches one round in four and every match is accepted. After many rounds at K = 1
+    (position 1's counts have aged away: they grow only while K > 1) position 1 must be judged by how often a
+    proposal is accepted, not by the match rate, or K = 1 locks itself in."""
+    steep = [0.0] + [0.100 * (1 + 0.1 * (n - 1)) for n in range(1, 10)]  # each verified row costs 10% more
+    policy = AdaptiveK(latencies=Latencies.linear(0.0, steep), prior_acceptance=0.5, k_max=8, probe_every=1000)
+    rng = random.Random(3)
+    for _ in range(150):
+        n = 1 if rng.random() < 0.25 else 0
+        policy.observe(1, n, n, 0.0, steep[n + 1])
+    assert policy.reach()[0] == pytest.approx(0.25, abs=0.1)
+    assert policy.conditional_acceptance()[1] > 0.8
+    assert policy.next_k() >= 2
+
+
 def test_prior_fades_as_rounds_accumulate():
     policy = profiled()  # prior 0.6 per position
     for _ in range(30):
