@@ -84,6 +84,16 @@ def test_auto_against_the_fixed_k_sweep():
     assert "ngram@auto: 1 of 2 categories meet both targets; missed: rag." in bench.markdown(result)
 
 
+def test_auto_against_fixed_k_compares_decode_rates():
+    # a slow target prefill (noise: the same work at every K) must not make auto look better than it decodes
+    met = m(drafted=4, accepted=2, forwards=4, emitted=10, per_d=[4], per_a=[2])
+    records = [rec(TARGET_ONLY, "a", "qa", 0, 10, 2.0, met, prefill=1.0), rec("ngram@2", "a", "qa", 0, 10, 1.2, met, prefill=0.2),
+               rec("ngram@auto", "a", "qa", 0, 10, 1.05, met, prefill=0.0)]
+    qa = bench.auto_vs_fixed(summarise(records, greedy=False))["ngram@auto"]["qa"]
+    assert qa["auto_over_best"] == pytest.approx(10 / 1.05 / 10)  # decode 9.52 tok/s vs 10 (whole request: 9.52 vs 8.33)
+    assert qa["within_best"] and not qa["not_below_k0"]
+
+
 def test_prompt_set_filters():
     assert len(bench.load_prompts(quick=True)) == len(bench.CATEGORIES)
     assert {p["category"] for p in bench.load_prompts(["code", "rag"])} == {"code", "rag"}
