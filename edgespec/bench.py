@@ -367,9 +367,10 @@ def markdown(result: BenchResult) -> str:
     sweep = auto_vs_fixed(s)
     if sweep:
         lines += ["", "## Auto against the fixed-K sweep", "",
-                  f"Per category, in decode tokens/s (after the target's prefill, the same work at every K): the best fixed K "
-                  f"of the same drafter (K = 0 is target-only) and its speed-up, then auto's rate over the best fixed K's (target: >= {AUTO_WITHIN_BEST:.2f}) and over K = 0's (target: >= "
-                  f"{AUTO_VS_K0:.2f}); a cell missing a target is marked **!**.", ""]
+                  (f"Per category, in decode tokens/s (after the target's prefill, the same work at every K): the best "
+                   f"fixed K of the same drafter (K = 0 is target-only) and its speed-up, then auto's rate over the best "
+                   f"fixed K's (target: >= {AUTO_WITHIN_BEST:.2f}) and over K = 0's (target: >= {AUTO_VS_K0:.2f}); a "
+                   f"cell missing a target is marked **!**."), ""]
         for name, rows in sweep.items():
             cols = [c for c in [*cats, "overall"] if c in rows]
             lines += [f"**{name}**", "", "| | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols),
