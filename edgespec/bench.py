@@ -289,6 +289,9 @@ def auto_vs_fixed(summary: dict) -> dict[str, dict[str, dict]]:
     noise: the same prompt's prefill varied 2x between configurations on a busy VM; and with sampling each
     configuration draws answers of other lengths, so a whole-request rate would also weigh prefill differently);
     the draft model's own prefill is paid in decode, so it still counts against drafting."""
+    def rate(row):  # anchors (transformers' generate) have no decode rate: the whole request's
+        return row["decode_tokens_per_s"] or row["tokens_per_s"]
+
     configs = summary["configs"]
     base = configs.get(TARGET_ONLY, {})
     out: dict[str, dict[str, dict]] = {}
@@ -307,9 +310,6 @@ def auto_vs_fixed(summary: dict) -> dict[str, dict[str, dict]]:
         fixed[0] = base
         rows = {}
         for cat, auto_row in configs[name].items():
-            def rate(row):
-                return row["decode_tokens_per_s"] or row["tokens_per_s"]
-
             speeds = {k: rate(r[cat]) for k, r in fixed.items() if cat in r}
             if 0 not in speeds or not speeds[0]:
                 continue
