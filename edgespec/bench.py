@@ -52,13 +52,9 @@ def load_prompts(categories: Sequence[str] | None = None, *, quick: bool = False
     prompts = [json.loads(line) for line in text.splitlines() if line.strip()]
     if categories:
         prompts = [p for p in prompts if p["category"] in categories]
-    if quick:
-        seen, kept = set(), []
-        for p in prompts:
-            if p.get("quick") and p["category"] not in seen:
-                seen.add(p["category"])
-                kept.append(p)
-        prompts = kept
+    if quick:  # the first quick prompt of each category
+        prompts = [p for p in prompts if p.get("quick")]
+        per_category = 1
     if per_category is not None:
         counts: dict[str, int] = {}
         kept = []
