@@ -148,17 +148,17 @@ class AdaptiveK:
         the rate of the position before it (acceptance changes smoothly with depth). The slow counts unless
         the fast ones show the first position's rate moved by more than `drop` (a sudden drop, or a recovery
         seen by a probe): then the fast ones."""
-        slow = self._rates(self.accepted, self.reached)
-        if self.reach()[0] < 0.9:
+        reach0 = self.reach()[0]
+        slow = self._rates(self.accepted, self.reached, reach0)
+        if reach0 < 0.9:
             # A drafter that proposes only sometimes (an n-gram lookup) swings between "no match" and "long
             # match" from round to round: that is its normal state, not a sudden change, so no fast copy.
             return slow
-        fast = self._rates(self.accepted_fast, self.reached_fast)
+        fast = self._rates(self.accepted_fast, self.reached_fast, reach0)
         return fast if abs(fast[0] - slow[0]) > self.drop else slow
 
-    def _rates(self, accepted: list[float], reached: list[float]) -> list[float]:
+    def _rates(self, accepted: list[float], reached: list[float], reach0: float) -> list[float]:
         out = []
-        reach0 = self.reach()[0]
         for i in range(self.k_max):
             if i == 0:
                 lean = self.prior[0]
