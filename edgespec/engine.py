@@ -47,6 +47,7 @@ class Step:
     elapsed_s: float = 0.0  # since generate() was called
     stop_reason: str | None = None
     notice: str | None = None  # e.g. the drafter failed and the request continues on the target alone
+    catch_up_ms: float = 0.0  # of draft_ms: the draft model taking in context it had not seen (its lazy prefill)
 
 
 @dataclass
@@ -107,20 +108,35 @@ class SpeculativeEngine:
         verify_rng = torch.Generator().manual_seed(seed)
         draft_rng = torch.Generator().manual_seed(seed + 1)
 
-        start = time.perf_counter()
-        if hasattr(target, "reserve"):  # an exact target sizes its cache from the whole request
-            target.reserve(min(len(prompt_ids) + max_new_tokens, target.max_context))
-        target.prefill(prompt_ids[:-1])
-        if drafter is not None:
-            drafter.begin(prompt_ids)
-        prefill_ms = (time.perf_counter() - start) * 1000
-
         ahead_pool = None
         if self.overlap and drafter is not None and hasattr(drafter, "propose_ahead"):
             from concurrent.futures import ThreadPoolExecutor
 
             ahead_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edgespec-draft")
         notice = None
+        start = time.perf_counter()
+        if hasattr(target, "reserve"):  # an exact target sizes its cache from the whole request
+            target.reserve(min(len(prompt_ids) + max_new_tokens, target.max_context))
+        early = None
+        if drafter is not None:
+            drafter.begin(prompt_ids)
+            if ahead_pool is not None and hasattr(drafter, "prefill"):
+                # Overlapped: the draft model takes in the prompt on its own thread while the target does
+                # (sequential speculation leaves it to the first drafted round, so K = 0 never pays it).
+                early = ahead_pool.submit(drafter.prefill)
+        try:
+            target.prefill(prompt_ids[:-1])
+        except BaseException:
+            if ahead_pool is not None:  # no drafter thread outlives the request (it finishes its prefill first)
+                ahead_pool.shutdown(wait=True)
+            raise
+        if early is not None:
+            try:
+                early.result()
+            except Exception as err:  # noqa: BLE001 - as for any drafter failure: finish on the target alone
+                drafter, notice = None, _drafter_failed(err)
+        prefill_ms = (time.perf_counter() - start) * 1000
+
         seq = list(prompt_ids)
         generated: list[int] = []
         # A free drafter (an n-gram lookup: microseconds, nothing to roll back) is still asked while the policy
@@ -230,6 +246,7 @@ class SpeculativeEngine:
                     elapsed_s=time.perf_counter() - start,
                     stop_reason=reason,
                     notice=notice,
+                    catch_up_ms=draft.catch_up_s * 1000,
                 )
                 prefill_ms, notice = 0.0, None
                 if reason is not None:

@@ -214,3 +214,50 @@ def test_cancel_mid_request_leaves_no_thread(models):
 def test_ngram_drafter_runs_sequentially_under_overlap(models):
     engine = SpeculativeEngine(TorchTarget(models["target"]), NgramDrafter(), overlap=True)
     assert engine.run(PROMPTS[2], max_new_tokens=30, policy=FixedK(4)).token_ids == hf_greedy(models["target"], PROMPTS[2], 30)
+
+
+def test_overlapped_draft_model_takes_in_the_prompt_while_the_target_does(models):
+    """Sequential speculation feeds the prompt to the draft model at its first drafted round (a catch-up, in
+    decode time); overlapped, the drafter's thread does it during the target's prefill, so no round catches up."""
+    prompt = PROMPTS[1]
+    expected = hf_greedy(models["target"], prompt, 20)
+    for overlap, caught_up in ((False, True), (True, False)):
+        engine = SpeculativeEngine(TorchTarget(models["target"]), TorchDrafter(models["close"]), overlap=overlap)
+        steps = list(engine.generate(prompt, max_new_tokens=20, policy=FixedK(3)))
+        assert [t for s in steps for t in s.tokens] == expected
+        assert (steps[0].catch_up_ms > 0) is caught_up and all(s.catch_up_ms == 0 for s in steps[1:])
+
+
+class PrefillingDrafter(ScriptedDrafter):
+    """A scripted drafter with a prefill step (as the model drafter has), which can fail."""
+
+    def __init__(self, script, prefill_error=None):
+        super().__init__(script)
+        self.prefill_error = prefill_error
+        self.prefilled = 0
+
+    def prefill(self):
+        self.prefilled += 1
+        if self.prefill_error:
+            raise self.prefill_error
+
+
+def test_a_drafter_failing_in_its_early_prefill_falls_back_to_the_target_alone():
+    drafter = PrefillingDrafter(ANSWER + [0] * 40, prefill_error=RuntimeError("draft session lost"))
+    engine = SpeculativeEngine(ScriptedTarget(ANSWER), drafter, overlap=True)
+    steps = list(engine.generate([5], max_new_tokens=16, policy=FixedK(3)))
+    assert drafter.prefilled == 1 and [t for s in steps for t in s.tokens] == ANSWER
+    assert "draft session lost" in steps[0].notice and all(s.n_drafted == 0 for s in steps)
+
+
+def test_a_target_failing_in_prefill_leaves_no_drafter_thread():
+    class BrokenTarget(ScriptedTarget):
+        def prefill(self, ids):
+            raise RuntimeError("out of memory")
+
+    drafter = PrefillingDrafter(ANSWER + [0] * 40)
+    engine = SpeculativeEngine(BrokenTarget(ANSWER), drafter, overlap=True)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        list(engine.generate([5], max_new_tokens=16, policy=FixedK(3)))
+    assert drafter.prefilled == 1
+    assert not [t for t in threading.enumerate() if t.name.startswith("edgespec-draft")]

@@ -45,6 +45,12 @@ class ModelDrafter:
         self._ids, self._chain, self._rows = [], [], []
         self._cache.sync([])
 
+    def prefill(self) -> None:
+        """Take in the committed context now (all but its last token, which the first proposal feeds) instead of
+        lazily at the first proposal. The overlapped engine calls it on the drafter's own thread while the target
+        takes in the prompt, so the draft model's prefill costs no time of its own."""
+        self._cache.sync(self._ids[:-1])
+
     @property
     def lag(self) -> int:
         """Committed tokens not yet in the draft model's cache (the next proposal feeds them first)."""
