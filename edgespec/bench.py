@@ -126,6 +126,9 @@ def summarise(records: Sequence[RunRecord], *, greedy: bool) -> dict:
             "tokens": median([len(r.token_ids) for r in runs]),
             "wall_s": median([r.wall_s for r in runs]),
             "decode_s": median([r.wall_s - r.prefill_s for r in runs]),
+            # the draft model's lazy prefill, paid in decode; None for records written before it was kept
+            "catch_up_s": (median([m["catch_up_ms"] / 1000 for m in ms])
+                           if ms and all("catch_up_ms" in m for m in ms) else None),
             "token_ids": runs[0].token_ids,
             "metrics": ms,
         }
@@ -161,6 +164,10 @@ def summarise(records: Sequence[RunRecord], *, greedy: bool) -> dict:
             width = max((len(m["drafted_per_position"]) for m in ms), default=0)
             pos_d = [sum(m["drafted_per_position"][i] for m in ms if i < len(m["drafted_per_position"])) for i in range(width)]
             pos_a = [sum(m["accepted_per_position"][i] for m in ms if i < len(m["accepted_per_position"])) for i in range(width)]
+            asked_width = max((len(m.get("asked_per_position", [])) for m in ms), default=0)
+            pos_k = [sum(m["asked_per_position"][i] for m in ms if i < len(m["asked_per_position"])) for i in range(asked_width)]
+            catch_up = [p["catch_up_s"] for p in items]
+            steady = decode - sum(catch_up) if ms and None not in catch_up else None
             rows[cat] = {
                 "prompts": len(items),
                 "tokens": tokens,
@@ -171,6 +178,11 @@ def summarise(records: Sequence[RunRecord], *, greedy: bool) -> dict:
                 "acceptance_rate": accepted / drafted if drafted else None,
                 "acceptance_per_position": [a / d if d else 0.0 for a, d in zip(pos_a, pos_d)],
                 "draft_share": draft_ms / (draft_ms + verify_ms) if draft_ms + verify_ms > 0 else None,
+                # decode without the draft model's catch-up on the prompt: the steady rounds the cost model prices
+                "steady_tokens_per_s": tokens / steady if steady else None,
+                # per position i, over the rounds whose K reached it: P(accepted through i) and P(a proposal there)
+                "survival": [(pos_a[i] if i < width else 0) / n for i, n in enumerate(pos_k) if n],
+                "reach": [(pos_d[i] if i < width else 0) / n for i, n in enumerate(pos_k) if n],
                 "mismatches": sum(1 for m in out["mismatches"] if m["config"] == config
                                   and (cat == "overall" or per_prompt[(config, m["prompt_id"])]["category"] == cat)),
             }
@@ -182,6 +194,8 @@ def summarise(records: Sequence[RunRecord], *, greedy: bool) -> dict:
             row["speedup"] = row["tokens_per_s"] / ref["tokens_per_s"] if ref and ref["tokens_per_s"] > 0 else None
             ok = ref and row["decode_tokens_per_s"] and ref["decode_tokens_per_s"]
             row["decode_speedup"] = row["decode_tokens_per_s"] / ref["decode_tokens_per_s"] if ok else None
+            ok = ref and row["steady_tokens_per_s"] and ref["decode_tokens_per_s"]
+            row["steady_speedup"] = row["steady_tokens_per_s"] / ref["decode_tokens_per_s"] if ok else None
     return out
 
 
@@ -235,6 +249,8 @@ class BenchResult:
     peak_rss_mb: float
     wall_s: float
     notes: list[str] = field(default_factory=list)
+    # from the profile the run used (`profile_latencies`): the cost model's inputs for the report's predictions
+    latencies: dict = field(default_factory=dict)
 
 
 def run_bench(configs: Sequence[Config], prompts: Sequence[dict], encode: Callable[[list[dict]], list[int]], *,
@@ -319,6 +335,55 @@ def auto_vs_fixed(summary: dict) -> dict[str, dict[str, dict]]:
     return out
 
 
+# Issue 7's bar for the cost model: its predicted speed-up within 15% of the measured one.
+PREDICTION_TOLERANCE = 0.15
+
+
+def profile_latencies(profile, drafters: Sequence[str]) -> dict:
+    """What the report's predictions need from a profile (`edgespec.profiling.Profile`): its path and, per
+    drafter it measured, the cost model's latencies in seconds. Kept in the result, so a re-render needs no
+    profile file."""
+    measured = profile.data.get("drafters", {})
+    out = {"profile": str(profile.path) if profile.path else None, "drafters": {}}
+    for name in drafters:
+        if name in measured:
+            lat = profile.latencies(name)
+            out["drafters"][name] = {"draft_s": list(lat.draft), "verify_s": list(lat.verify)}
+    return out
+
+
+def predictions(summary: dict, latencies: dict) -> dict[str, dict[str, dict]]:
+    """Per fixed-K configuration ("int4@3", "int4@3+overlap") whose drafter the profile measured, per category and
+    overall: the cost model's speed-up over plain decoding from the profile's latencies and this run's own
+    acceptance per position and reach (so only the timing model is tested), beside the measured speed-up of the
+    steady rounds (decode without the draft model's catch-up on the prompt) and their ratio."""
+    from .costmodel import Latencies, speedup
+
+    out: dict[str, dict[str, dict]] = {}
+    for name, rows in summary["configs"].items():
+        drafter, _, rest = name.partition("@")
+        k_text, _, tag = rest.partition("+")
+        lat_data = latencies.get("drafters", {}).get(drafter)
+        if not lat_data or not k_text.isdigit() or tag not in ("", "overlap"):
+            continue
+        k = int(k_text)
+        lat = Latencies(lat_data["draft_s"], lat_data["verify_s"])
+        if not 0 < k <= lat.k_max:
+            continue
+        cells = {}
+        for cat, row in rows.items():
+            survival, reach = row.get("survival") or [], row.get("reach") or []
+            measured = row.get("steady_speedup")
+            if len(survival) < k or measured is None:
+                continue
+            predicted = speedup(survival[:k], lat.expected(reach), k, overlap=tag == "overlap")
+            cells[cat] = {"predicted": predicted, "measured": measured, "ratio": measured / predicted,
+                          "within": abs(measured / predicted - 1) <= PREDICTION_TOLERANCE}
+        if cells:
+            out[name] = cells
+    return out
+
+
 def markdown(result: BenchResult) -> str:
     s = result.summary
     configs = list(s["configs"])
@@ -380,6 +445,27 @@ def markdown(result: BenchResult) -> str:
             lines.append(f"{name}: {len(per_cat) - len(missed)} of {len(per_cat)} categories meet both targets"
                          + (f"; missed: {', '.join(missed)}" if missed else "") + ".")
             lines.append("")
+    predicted = predictions(s, result.latencies) if result.latencies else {}
+    if predicted:
+        cols = [c for c in [*cats, "overall"] if any(c in rows for rows in predicted.values())]
+        lines += ["", "## Cost model against measured", "",
+                  (f"Predicted: the cost model's speed-up over plain decoding (`edgespec.costmodel.speedup`, the "
+                   f"overlapped form for +overlap) from the latencies of the profile "
+                   f"`{result.latencies.get('profile') or '?'}` and this run's own acceptance per position and reach; "
+                   f"measured: the decode speed-up of the steady rounds (after the target's prefill, without the draft "
+                   f"model's catch-up on the prompt). Overall: predicted, measured, measured / predicted; per category: "
+                   f"measured / predicted. Off by more than {PREDICTION_TOLERANCE:.0%}: **!**."), "",
+                  "| config | predicted | measured | measured / predicted | " + " | ".join(c for c in cols if c != "overall") + " |",
+                  "|---|---:|---:|---:|" + "---:|" * (len(cols) - 1)]
+        for name, cells in predicted.items():
+            o = cells.get("overall")
+            head = (f"| {name} | {o['predicted']:.2f}x | {o['measured']:.2f}x | {o['ratio']:.2f}" + ("" if o["within"] else " **!**")
+                    if o else f"| {name} | - | - | -")
+            lines.append(head + " | " + " | ".join(
+                (f"{cells[c]['ratio']:.2f}" + ("" if cells[c]["within"] else " **!**")) if c in cells else "-"
+                for c in cols if c != "overall") + " |")
+        overall = [c["overall"] for c in predicted.values() if "overall" in c]
+        lines += ["", f"Overall within {PREDICTION_TOLERANCE:.0%}: {sum(c['within'] for c in overall)} of {len(overall)} configurations."]
     if result.settings.get("greedy"):
         lines += [""]
         ref = s.get("reference", TARGET_ONLY)
@@ -438,10 +524,14 @@ def write_outputs(result: BenchResult, out_dir: Path, stem: str) -> dict[str, Pa
 
 def load_result(path: Path) -> BenchResult:
     """A BenchResult back from its JSON, re-summarised (so a report can be re-rendered without re-running)."""
-    data = json.loads(Path(path).read_text())
-    data["records"] = [RunRecord(**r) for r in data["records"]]
-    data["load_before"], data["load_after"] = tuple(data["load_before"]), tuple(data["load_after"])
-    result = BenchResult(**data)
+    try:
+        data = json.loads(Path(path).read_text())
+        data["records"] = [RunRecord(**r) for r in data["records"]]
+        data["load_before"], data["load_after"] = tuple(data["load_before"]), tuple(data["load_after"])
+        result = BenchResult(**data)
+    except (OSError, ValueError, TypeError, KeyError) as err:
+        raise EdgespecError(f"cannot read the bench result {path} ({type(err).__name__}: {err}); give the .json "
+                            "file an `edgespec bench` run wrote") from None
     result.summary = summarise(result.records, greedy=result.settings.get("greedy", False))
     return result
 

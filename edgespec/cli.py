@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--anchor-k", type=int, default=4, help="fixed K for transformers' assisted generation anchor")
     b.add_argument("--no-anchors", action="store_true", help="skip transformers' assisted generation / prompt lookup")
     b.add_argument("--out", default="bench-results", help="directory for the JSON, markdown and PNG")
+    b.add_argument("--report", default=None, metavar="RESULT.json",
+                   help="run nothing: re-render the markdown and PNG of an earlier run's JSON (with --profile: "
+                        "its predictions from that profile's latencies)")
     _add_sampling(b)
     b.set_defaults(func=cmd_bench, max_new_tokens=None)
 
@@ -176,9 +179,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .engine import SpeculativeEngine
     from .loading import load_causal_lm
     from .policy import FixedK, check_k
-    from .runtime import build_runtime, extra_drafter, make_policy, select_profile
+    from .profiling import read_profile
+    from .runtime import (
+        build_runtime,
+        extra_drafter,
+        make_policy,
+        matching_profile,
+        select_profile,
+    )
     from .sampling import SamplingParams
 
+    if args.report:
+        return rerender_bench(args.report, args.profile)
     ks = bench.parse_ks("3,auto" if args.quick and args.k == "0,2,4,6,8,auto" else args.k)
     check_k(args.anchor_k)
     categories = args.categories.split(",") if args.categories else None
@@ -194,7 +206,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if wanted and spec.draft in (None, "int4", "int8", "torch", "ngram", "none"):
         # load the first model drafter asked for; the n-gram drafter needs no model
         spec.draft = next((d for d in wanted if d != "ngram"), "none")
-    profile = select_profile(spec, args.profile, args.temperature, choose_drafter=False) if "auto" in ks else None
+    if "auto" in ks:
+        profile = select_profile(spec, args.profile, args.temperature, choose_drafter=False)
+    else:  # only for the report's predictions: no notice when there is none
+        profile = read_profile(args.profile) if args.profile else matching_profile(spec)
     rt = build_runtime(spec, progress=None)
     wanted = wanted or ([rt.drafter_name] if rt.drafter_name not in ("none", "ngram") else []) + ["ngram"]
     target = rt.engine.target
@@ -257,6 +272,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     result = bench.run_bench(configs, prompts, session.encode, params=params, max_new_tokens=max_new, repeats=repeats,
                              command=bench.command_line(), machine=bench.machine_description(), settings=settings)
     result.notes.extend(notes)
+    if profile is not None:
+        result.latencies = bench.profile_latencies(profile, list(drafters))
     if rows > 1 and params.greedy:
         outs = {(r.config, r.prompt_id): r.token_ids for r in result.records if r.repeat == 0}
         differ = sum(outs[(bench.TARGET_ONLY, p["id"])] != outs[(bench.TARGET_ONLY_EXACT, p["id"])] for p in prompts)
@@ -270,6 +287,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print(bench.markdown(result))
     print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
     return 1 if result.summary["mismatches"] else 0
+
+
+def rerender_bench(path: str, profile_path: str | None) -> int:
+    from pathlib import Path
+
+    from . import bench
+    from .profiling import read_profile
+
+    result = bench.load_result(Path(path))
+    if profile_path:
+        drafters = {c.split("@", 1)[0] for c in result.summary["configs"] if "@" in c}
+        result.latencies = bench.profile_latencies(read_profile(profile_path), sorted(drafters))
+    paths = bench.write_outputs(result, Path(path).parent, Path(path).stem)
+    print(bench.markdown(result))
+    print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    return 0
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ class SpecMetrics:
     prefill_ms: float = 0.0
     draft_ms: float = 0.0
     verify_ms: float = 0.0
+    catch_up_ms: float = 0.0  # of draft_ms: the draft model's lazy prefill (context it had not seen yet)
     wall_s: float = 0.0
     k_per_round: list[int] = field(default_factory=list)
 
@@ -43,6 +44,7 @@ class SpecMetrics:
         self.prefill_ms += step.prefill_ms
         self.draft_ms += step.draft_ms
         self.verify_ms += step.verify_ms
+        self.catch_up_ms += getattr(step, "catch_up_ms", 0.0)
         self.wall_s = step.elapsed_s
 
     @property
@@ -86,6 +88,7 @@ class SpecMetrics:
             "prefill_ms": self.prefill_ms,
             "draft_ms": self.draft_ms,
             "verify_ms": self.verify_ms,
+            "catch_up_ms": self.catch_up_ms,
             "wall_s": self.wall_s,
             "k_per_round": list(self.k_per_round),
         }

@@ -297,7 +297,6 @@ def select_profile(spec: RuntimeSpec, profile_path: str | None, temperature: flo
     and target backend) and, when `choose_drafter` and the user named no drafter, the drafter it recommends
     (written into `spec.draft`). A bad profile is a one-line warning, and K is then calibrated online."""
     from . import profiling
-    from .hardware import describe
     from .progress import report
 
     def warn(msg):
@@ -309,9 +308,8 @@ def select_profile(spec: RuntimeSpec, profile_path: str | None, temperature: flo
             profile = profiling.read_profile(profile_path)
         except EdgespecError as err:
             warn(f"{err}; calibrating K online instead")
-    elif spec.target is None:
-        profile = profiling.find_profile(spec.pair or DEFAULT_PAIR, planned_backend(spec), describe().to_dict(),
-                                         target_detail=planned_torch_detail(spec), warn=warn)
+    else:
+        profile = matching_profile(spec, warn=warn)
     if profile is None:
         if not profile_path:
             warn("no profile for this machine and pair; K is calibrated during the first rounds "
@@ -321,6 +319,18 @@ def select_profile(spec: RuntimeSpec, profile_path: str | None, temperature: flo
         if choice != "none":
             spec.draft = choice
     return profile
+
+
+def matching_profile(spec: RuntimeSpec, *, warn=lambda _msg: None):
+    """The profile measured on this machine for this pair and target backend (None for a custom --target);
+    a bad one goes to `warn`, silently by default (for callers that only report with it)."""
+    from . import profiling
+    from .hardware import describe
+
+    if spec.target is not None:
+        return None
+    return profiling.find_profile(spec.pair or DEFAULT_PAIR, planned_backend(spec), describe().to_dict(),
+                                  target_detail=planned_torch_detail(spec), warn=warn)
 
 
 def make_policy(k, profile, drafter_name: str, temperature: float, *, overlap: bool = False):

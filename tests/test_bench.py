@@ -94,6 +94,70 @@ def test_auto_against_fixed_k_compares_decode_rates():
     assert qa["within_best"] and not qa["not_below_k0"]
 
 
+def test_the_cost_model_is_reported_beside_the_measured_speed_up():
+    # int4 at K=2, position 0 accepted in 4 of 5 rounds, both positions in 2 of 5: survival 0.8, 0.4
+    def met(catch_up_ms=100.0):
+        d = m(drafted=10, accepted=6, forwards=5, emitted=10, per_d=[5, 5], per_a=[4, 2])
+        d["asked_per_position"] = [5, 5]
+        if catch_up_ms is not None:
+            d["catch_up_ms"] = catch_up_ms
+        return d
+
+    lat = {"profile": "p.toml", "drafters": {"int4": {"draft_s": [0, 0.01, 0.02, 0.03], "verify_s": [0, 0.05, 0.06, 0.07, 0.08]}}}
+    records = [rec(TARGET_ONLY, "a", "qa", 0, 10, 1.0, m(0, 0, 10, 10, [], [])),  # plain decoding: 10 tok/s
+               # decode 0.7 s of which 0.1 s the draft model's catch-up: steady 10 / 0.6 s
+               rec("int4@2", "a", "qa", 0, 10, 0.8, met(), prefill=0.1),
+               rec("int4@2+overlap", "a", "qa", 0, 10, 0.1 + 0.1 + 10 / 13, met(), prefill=0.1),
+               rec("int4@auto", "a", "qa", 0, 10, 0.8, met(), prefill=0.1),  # auto: no single K to price
+               rec("ngram@2", "a", "qa", 0, 10, 0.8, met(), prefill=0.1)]  # not in the profile
+    s = summarise(records, greedy=False)
+    assert s["configs"]["int4@2"]["qa"]["survival"] == pytest.approx([0.8, 0.4])
+    assert s["configs"]["int4@2"]["qa"]["reach"] == pytest.approx([1.0, 1.0])
+    pred = bench.predictions(s, lat)
+    assert sorted(pred) == ["int4@2", "int4@2+overlap"]
+    seq = pred["int4@2"]["overall"]
+    # E(2) = 1 + 0.8 + 0.4 = 2.2 tokens per round; sequential: 2 drafts 0.02 s + verify of 3 tokens 0.07 s
+    assert seq["predicted"] == pytest.approx(2.2 * 0.05 / 0.09)
+    assert seq["measured"] == pytest.approx((10 / 0.6) / 10)
+    assert not seq["within"]  # 1.67x measured against 1.22x predicted
+    ovl = pred["int4@2+overlap"]["overall"]
+    # overlapped: max(3 drafts ahead, verify) = 0.07 s, plus the 2 drafts again unless all 2 and the guess pass
+    # (P = 0.4 * 0.4 / 0.8 = 0.2, the last conditional rate carried one position on)
+    assert ovl["predicted"] == pytest.approx(2.2 * 0.05 / (0.07 + 0.8 * 0.02))
+    assert ovl["measured"] == pytest.approx(1.3) and ovl["within"]
+    result = bench.BenchResult(command="x", machine={}, settings={}, records=records, summary=s, load_before=(0, 0, 0),
+                               load_after=(0, 0, 0), peak_rss_mb=0, wall_s=1, notes=[], latencies=lat)
+    md = bench.markdown(result)
+    assert "## Cost model against measured" in md and "Overall within 15%: 1 of 2 configurations." in md
+    # records from before the catch-up was kept: no steady rate, so nothing is predicted rather than a wrong figure
+    old = [rec(TARGET_ONLY, "a", "qa", 0, 10, 1.0, m(0, 0, 10, 10, [], [])),
+           rec("int4@2", "a", "qa", 0, 10, 0.8, met(catch_up_ms=None), prefill=0.1)]
+    assert bench.predictions(summarise(old, greedy=False), lat) == {}
+
+
+def test_a_report_is_rerendered_from_its_json_with_a_profile_s_predictions(tmp_path, capsys):
+    from test_profiling import sample_profile
+
+    from edgespec import profiling
+
+    met = m(drafted=10, accepted=6, forwards=5, emitted=10, per_d=[5, 5], per_a=[4, 2])
+    met.update(asked_per_position=[5, 5], catch_up_ms=0.0)
+    records = [rec(TARGET_ONLY, "a", "qa", 0, 10, 1.0, m(0, 0, 10, 10, [], [])), rec("int8@2", "a", "qa", 0, 10, 0.6, met)]
+    result = bench.BenchResult(command="x", machine={}, settings={}, records=records, summary=summarise(records, greedy=False),
+                               load_before=(0, 0, 0), load_after=(0, 0, 0), peak_rss_mb=0, wall_s=1, notes=[])
+    paths = bench.write_outputs(result, tmp_path, "run")
+    assert "Cost model" not in paths["md"].read_text()  # the run had no profile
+    profile = profiling.write_profile(sample_profile(), tmp_path / "p.toml")
+    assert main(["bench", "--report", str(paths["json"]), "--profile", str(profile)]) == 0
+    md = paths["md"].read_text()
+    assert "## Cost model against measured" in md and "| int8@2 |" in md
+    assert json.loads(paths["json"].read_text())["latencies"]["drafters"]["int8"]["verify_s"][1] == pytest.approx(0.020)
+    capsys.readouterr()
+    assert main(["bench", "--report", str(tmp_path / "missing.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot read the bench result" in err[0] and "missing.json" in err[0]
+
+
 def test_prompt_set_filters():
     assert len(bench.load_prompts(quick=True)) == len(bench.CATEGORIES)
     assert {p["category"] for p in bench.load_prompts(["code", "rag"])} == {"code", "rag"}
@@ -132,6 +196,9 @@ def test_quick_run_writes_reports(tiny_checkpoints, tmp_path, capsys):
     configs = set(data["summary"]["configs"])
     assert {TARGET_ONLY, "torch@2", "torch@auto", "ngram@2", "hf-assisted", "hf-assisted@4", "hf-prompt-lookup@4"} <= configs
     assert data["summary"]["mismatches"] == []
+    # the draft model takes in the prompt at its first drafted round: kept apart, so steady rounds can be priced
+    assert any(r["metrics"]["catch_up_ms"] > 0 for r in data["records"] if r["config"] == "torch@2")
+    assert data["summary"]["configs"]["torch@2"]["overall"]["steady_speedup"] is not None
     assert (tmp_path / files[2]).read_bytes()[:4] == b"\x89PNG"
 
 
