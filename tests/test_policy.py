@@ -189,6 +189,32 @@ def test_catch_up_price_is_measured_and_answer_lengths_cap_the_horizon():
     assert policy.next_k(remaining=500, lag=2) > 0
 
 
+def test_an_answer_cut_at_its_budget_does_not_shorten_the_next_answers_horizon():
+    """The bench warms each configuration up on a 16-token answer: that answer was cut, not short. Counted as
+    a length, it kept the draft model from starting on the next 128-token request (K = 0 where K = 3 won)."""
+    policy = profiled()
+    simulate(policy, [0.9] * 20, random.Random(8))
+    policy.catch_up_per_token = 0.002  # a 500-token prompt costs the drafter 1 s to take in
+
+    def answer(budget, stop_after):
+        policy.begin_request()
+        remaining, emitted = budget, 0
+        while emitted < stop_after:
+            k = min(policy.next_k(remaining=remaining, lag=1), remaining - 1)
+            policy.observe(k, k, k, k * T_DRAFT, VERIFY[k + 1])
+            remaining, emitted = remaining - (k + 1), emitted + k + 1
+        policy.begin_request()  # the answer is counted (or not) when the next one begins
+
+    policy.begin_request()
+    policy.answer_lengths.clear()  # the simulated rounds above had no budget: forget them
+    answer(budget=16, stop_after=16)  # cut at its budget
+    assert list(policy.answer_lengths) == []
+    assert policy.next_k(remaining=128, lag=500) > 0  # 128 tokens at ~1.3x save more than 1 s
+    answer(budget=128, stop_after=10)  # ended on its own (EOS) after 10 tokens: a real length
+    assert len(policy.answer_lengths) == 1
+    assert policy.next_k(remaining=128, lag=500) == 0  # ~10 tokens would not repay 1 s
+
+
 def test_probe_does_not_pay_a_long_catch_up():
     policy = AdaptiveK(latencies=Latencies.linear(0.2, VERIFY), prior_acceptance=0.9, k_max=8, probe_every=2)
     ks_lagging = [policy.next_k(remaining=100, lag=500) for _ in range(10)]
