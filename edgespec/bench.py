@@ -344,7 +344,13 @@ def profile_latencies(profile, drafters: Sequence[str]) -> dict:
     drafter it measured, the cost model's latencies in seconds. Kept in the result, so a re-render needs no
     profile file."""
     measured = profile.data.get("drafters", {})
-    out = {"profile": str(profile.path) if profile.path else None, "drafters": {}}
+    path = profile.path
+    if path is not None:  # the repo's own profiles by their repo path, not this checkout's absolute one
+        from .profiling import PROFILES_DIR
+
+        root = PROFILES_DIR.parent
+        path = Path(path).resolve().relative_to(root) if Path(path).resolve().is_relative_to(root) else path
+    out = {"profile": str(path) if path else None, "drafters": {}}
     for name in drafters:
         if name in measured:
             lat = profile.latencies(name)
