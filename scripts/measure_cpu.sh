@@ -47,4 +47,18 @@ step edgespec bench --pair smollm2-135m --drafters ngram,int8 --k 1,2,3,4,5,6,7,
   --no-anchors --out "$out/sweep"
 step edgespec bench --pair smollm2-135m --drafters ngram --k 1,2,3,4,5,6,7,8,auto --per-category 2 --repeats 1 \
   --no-anchors --temperature 0.7 --out "$out/sweep"
+# The same on another machine class (Intel Xeon with AMX, 2026-12-04): both pairs, the profile's drafter(s), and the
+# overlapped Qwen run again with the drafter's early prefill, its predictions from the 1-thread profile measured above.
+step edgespec bench --pair smollm2-135m --drafters int8,ngram --k 1,2,3,4,5,6,7,8,auto --per-category 2 --repeats 1 \
+  --no-anchors --out "$out/sweep-amx"
+step edgespec bench --pair qwen2.5-coder-1.5b --drafters ngram --k 1,2,3,4,5,6,7,8,auto --per-category 2 --repeats 1 \
+  --no-anchors --out "$out/sweep-amx"
+step edgespec bench --pair qwen2.5-coder-1.5b --quick --threads 1 --draft-threads 1 --drafters int4 --k 1,2,3,4 --overlap \
+  --no-anchors --profile "$out/overlap/qwen-1thread-profile.toml" --out "$out/overlap/steady"
+for t in 0.7; do
+  step edgespec bench --pair smollm2-135m --drafters int8,ngram --k 1,2,3,4,5,6,7,8,auto --per-category 2 --repeats 1 \
+    --no-anchors --temperature $t --out "$out/sweep-amx"
+  step edgespec bench --pair qwen2.5-coder-1.5b --drafters ngram --k 1,2,3,4,5,6,7,8,auto --per-category 2 --repeats 1 \
+    --no-anchors --temperature $t --out "$out/sweep-amx"
+done
 echo "=== done (load $(cut -d' ' -f1-3 /proc/loadavg), $(date +%H:%M:%S))"
