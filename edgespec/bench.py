@@ -161,11 +161,10 @@ def summarise(records: Sequence[RunRecord], *, greedy: bool) -> dict:
             emitted = sum(m["num_emitted_tokens"] for m in ms)
             draft_ms = sum(m["draft_ms"] for m in ms)
             verify_ms = sum(m["verify_ms"] for m in ms)
-            width = max((len(m["drafted_per_position"]) for m in ms), default=0)
-            pos_d = [sum(m["drafted_per_position"][i] for m in ms if i < len(m["drafted_per_position"])) for i in range(width)]
-            pos_a = [sum(m["accepted_per_position"][i] for m in ms if i < len(m["accepted_per_position"])) for i in range(width)]
-            asked_width = max((len(m.get("asked_per_position", [])) for m in ms), default=0)
-            pos_k = [sum(m["asked_per_position"][i] for m in ms if i < len(m["asked_per_position"])) for i in range(asked_width)]
+            pos_d = _position_sums(ms, "drafted_per_position")
+            width = len(pos_d)
+            pos_a = _position_sums(ms, "accepted_per_position", width)
+            pos_k = _position_sums(ms, "asked_per_position")  # absent from records written before it was kept
             catch_up = [p["catch_up_s"] for p in items]
             steady = decode - sum(catch_up) if ms and None not in catch_up else None
             rows[cat] = {
@@ -197,6 +196,15 @@ def summarise(records: Sequence[RunRecord], *, greedy: bool) -> dict:
             ok = ref and row["steady_tokens_per_s"] and ref["decode_tokens_per_s"]
             row["steady_speedup"] = row["steady_tokens_per_s"] / ref["decode_tokens_per_s"] if ok else None
     return out
+
+
+def _position_sums(ms: Sequence[dict], key: str, width: int | None = None) -> list[int]:
+    """Per draft position, the sum of the metrics' `key` lists (shorter lists count 0 there); `width`
+    positions, or as many as the longest list has."""
+    lists = [m.get(key, []) for m in ms]
+    if width is None:
+        width = max(map(len, lists), default=0)
+    return [sum(xs[i] for xs in lists if i < len(xs)) for i in range(width)]
 
 
 # ------------------------------------------------------------------------------------------------ runs
@@ -292,6 +300,14 @@ AUTO_WITHIN_BEST = 0.95  # auto at least 95% of the best fixed K (K = 0 included
 AUTO_VS_K0 = 0.97  # and never more than 3% below K = 0 (target-only)
 
 
+def config_parts(name: str) -> tuple[str, str, str]:
+    """A configuration's name in parts: "int4@3+overlap" -> ("int4", "3", "+overlap"), "ngram@auto" ->
+    ("ngram", "auto", ""), "target-only" -> ("target-only", "", "")."""
+    drafter, _, rest = name.partition("@")
+    k, plus, tag = rest.partition("+")
+    return drafter, k, plus + tag
+
+
 def auto_vs_fixed(summary: dict) -> dict[str, dict[str, dict]]:
     """Per drafter with an `@auto` run and at least one fixed-K run (same overlap tag), per category and overall:
     the best fixed K (target-only counts as K = 0), auto's speed-up over it and over K = 0, and whether auto meets
@@ -308,15 +324,14 @@ def auto_vs_fixed(summary: dict) -> dict[str, dict[str, dict]]:
     base = configs.get(TARGET_ONLY, {})
     out: dict[str, dict[str, dict]] = {}
     for name in configs:
-        if "@auto" not in name:
+        drafter, k_text, tag = config_parts(name)
+        if k_text != "auto":
             continue
-        drafter, tag = name.split("@auto", 1)
         fixed = {}
         for other in configs:  # "int8@3", or "int8@3+overlap" for "int8@auto+overlap"
-            if other.startswith(drafter + "@") and other.endswith(tag):
-                k = other[len(drafter) + 1: len(other) - len(tag)]
-                if k.isdigit():
-                    fixed[int(k)] = configs[other]
+            d, k, t = config_parts(other)
+            if d == drafter and t == tag and k.isdigit():
+                fixed[int(k)] = configs[other]
         if not fixed:
             continue
         fixed[0] = base
@@ -348,8 +363,8 @@ def profile_latencies(profile, drafters: Sequence[str]) -> dict:
     if path is not None:  # the repo's own profiles by their repo path, not this checkout's absolute one
         from .profiling import PROFILES_DIR
 
-        root = PROFILES_DIR.parent
-        path = Path(path).resolve().relative_to(root) if Path(path).resolve().is_relative_to(root) else path
+        root, resolved = PROFILES_DIR.parent, Path(path).resolve()
+        path = resolved.relative_to(root) if resolved.is_relative_to(root) else path
     out = {"profile": str(path) if path else None, "drafters": {}}
     for name in drafters:
         if name in measured:
@@ -367,10 +382,9 @@ def predictions(summary: dict, latencies: dict) -> dict[str, dict[str, dict]]:
 
     out: dict[str, dict[str, dict]] = {}
     for name, rows in summary["configs"].items():
-        drafter, _, rest = name.partition("@")
-        k_text, _, tag = rest.partition("+")
+        drafter, k_text, tag = config_parts(name)
         lat_data = latencies.get("drafters", {}).get(drafter)
-        if not lat_data or not k_text.isdigit() or tag not in ("", "overlap"):
+        if not lat_data or not k_text.isdigit() or tag not in ("", "+overlap"):
             continue
         k = int(k_text)
         lat = Latencies(lat_data["draft_s"], lat_data["verify_s"])
@@ -382,7 +396,7 @@ def predictions(summary: dict, latencies: dict) -> dict[str, dict[str, dict]]:
             measured = row.get("steady_speedup")
             if len(survival) < k or measured is None:
                 continue
-            predicted = speedup(survival[:k], lat.expected(reach), k, overlap=tag == "overlap")
+            predicted = speedup(survival[:k], lat.expected(reach), k, overlap=tag == "+overlap")
             cells[cat] = {"predicted": predicted, "measured": measured, "ratio": measured / predicted,
                           "within": abs(measured / predicted - 1) <= PREDICTION_TOLERANCE}
         if cells:

@@ -297,7 +297,7 @@ def rerender_bench(path: str, profile_path: str | None) -> int:
 
     result = bench.load_result(Path(path))
     if profile_path:
-        drafters = {c.split("@", 1)[0] for c in result.summary["configs"] if "@" in c}
+        drafters = {bench.config_parts(c)[0] for c in result.summary["configs"] if "@" in c}
         result.latencies = bench.profile_latencies(read_profile(profile_path), sorted(drafters))
     paths = bench.write_outputs(result, Path(path).parent, Path(path).stem)
     print(bench.markdown(result))
