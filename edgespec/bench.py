@@ -354,10 +354,11 @@ def auto_vs_fixed(summary: dict) -> dict[str, dict[str, dict]]:
 PREDICTION_TOLERANCE = 0.15
 
 
-def profile_latencies(profile, drafters: Sequence[str]) -> dict:
+def profile_latencies(profile, drafters: Sequence[str], threads: tuple[int | None, int | None] = (None, None)) -> dict:
     """What the report's predictions need from a profile (`edgespec.profiling.Profile`): its path and, per
     drafter it measured, the cost model's latencies in seconds. Kept in the result, so a re-render needs no
-    profile file."""
+    profile file. `threads`: the run's (target, draft) threads; where they are the split the profile measured
+    for overlap (`[overlap]`), those latencies, as the run's target-only baseline ran on the same split."""
     measured = profile.data.get("drafters", {})
     path = profile.path
     if path is not None:  # the repo's own profiles by their repo path, not this checkout's absolute one
@@ -366,9 +367,13 @@ def profile_latencies(profile, drafters: Sequence[str]) -> dict:
         root, resolved = PROFILES_DIR.parent, Path(path).resolve()
         path = resolved.relative_to(root) if resolved.is_relative_to(root) else path
     out = {"profile": str(path) if path else None, "drafters": {}}
+    split = threads != (None, None) and profile.split() == tuple(threads)
+    if split:
+        target = "on the GPU" if threads[0] is None else f"{threads[0]} thread(s)"
+        out["split"] = f"the target {target}, the draft {threads[1]} thread(s)"
     for name in drafters:
         if name in measured:
-            lat = profile.latencies(name)
+            lat = (profile.overlap_latencies(name) if split else None) or profile.latencies(name)
             out["drafters"][name] = {"draft_s": list(lat.draft), "verify_s": list(lat.verify)}
     return out
 
@@ -471,7 +476,10 @@ def markdown(result: BenchResult) -> str:
         lines += ["", "## Cost model against measured", "",
                   (f"Predicted: the cost model's speed-up over plain decoding (`edgespec.costmodel.speedup`, the "
                    f"overlapped form for +overlap) from the latencies of the profile "
-                   f"`{result.latencies.get('profile') or '?'}` and this run's own acceptance per position and reach; "
+                   f"`{result.latencies.get('profile') or '?'}`"
+                   + (f" measured with the cores split as this run split them ({result.latencies['split']})"
+                      if result.latencies.get("split") else "")
+                   + f" and this run's own acceptance per position and reach; "
                    f"measured: the decode speed-up of the steady rounds (after the target's prefill, without the draft "
                    f"model's catch-up on the prompt). Overall: predicted, measured, measured / predicted; per category: "
                    f"measured / predicted. Off by more than {PREDICTION_TOLERANCE:.0%}: **!**."), "",

@@ -7,6 +7,7 @@ status 2; nothing here prints a traceback for bad input.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -36,8 +37,10 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="auto", help="torch target dtype: auto (fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per model (default: all cores)")
     p.add_argument("--draft-threads", type=int, default=None, help="ONNX Runtime threads for the draft (default: --threads)")
-    p.add_argument("--overlap", action="store_true",
-                   help="draft the next round on its own thread while the target verifies (split the cores with --threads/--draft-threads)")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="draft the next round on its own thread while the target verifies, the cores split between "
+                        "them (`edgespec devices`; --threads/--draft-threads set others). Default: on where this "
+                        "machine's profile measured it to win, with --k auto")
     p.add_argument("--profile", default=None, help="use this profile file for --k auto instead of the one matching this machine")
     p.add_argument("--exact", action="store_true",
                    help="run the target's short steps through the same kernels as verification (padded rows; torch: "
@@ -141,7 +144,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     profile = select_profile(spec, args.profile, args.temperature) if k == "auto" else None
     rt = build_runtime(spec, progress=None if not args.json else (lambda _: None))
     policy = FixedK(0) if rt.engine.drafter is None else make_policy(k, profile, rt.drafter_name, args.temperature,
-                                                                      overlap=args.overlap)
+                                                                      overlap=rt.engine.overlap)
     engine, tokenizer = rt.engine, rt.tokenizer
     prompt_ids = encode_prompt(tokenizer, args.prompt, chat=args.chat, system=args.system)
 
@@ -269,11 +272,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "greedy": params.greedy,
                 "max_new_tokens": max_new, "repeats": repeats, "prompts": len(prompts), "ks": ks, "exact": rows > 1,
                 "title": f"{rt.pair or 'custom'} / {rt.target_backend} target / T={args.temperature}"}
+    threads = (spec.threads, spec.draft_threads or spec.threads)  # what --threads/--draft-threads or --overlap set
+    if threads != (None, None):
+        settings["threads"] = {"target": threads[0], "draft": threads[1]}
     result = bench.run_bench(configs, prompts, session.encode, params=params, max_new_tokens=max_new, repeats=repeats,
                              command=bench.command_line(), machine=bench.machine_description(), settings=settings)
     result.notes.extend(notes)
     if profile is not None:
-        result.latencies = bench.profile_latencies(profile, list(drafters))
+        result.latencies = bench.profile_latencies(profile, list(drafters), threads)
     if rows > 1 and params.greedy:
         outs = {(r.config, r.prompt_id): r.token_ids for r in result.records if r.repeat == 0}
         differ = sum(outs[(bench.TARGET_ONLY, p["id"])] != outs[(bench.TARGET_ONLY_EXACT, p["id"])] for p in prompts)
@@ -298,7 +304,9 @@ def rerender_bench(path: str, profile_path: str | None) -> int:
     result = bench.load_result(Path(path))
     if profile_path:
         drafters = {bench.config_parts(c)[0] for c in result.summary["configs"] if "@" in c}
-        result.latencies = bench.profile_latencies(read_profile(profile_path), sorted(drafters))
+        threads = result.settings.get("threads") or {}
+        result.latencies = bench.profile_latencies(read_profile(profile_path), sorted(drafters),
+                                                   (threads.get("target"), threads.get("draft")))
     paths = bench.write_outputs(result, Path(path).parent, Path(path).stem)
     print(bench.markdown(result))
     print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
@@ -313,7 +321,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from .engine import SpeculativeEngine
     from .hardware import describe
     from .policy import check_k
-    from .runtime import build_runtime, extra_drafter
+    from .runtime import DRAFTERS, build_runtime, extra_drafter
     from .session import ChatSession
 
     hw = describe().to_dict()
@@ -328,7 +336,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
                 continue
             d = prof.data
             mark = "applies here" if d["machine"]["key"] == here else "other machine"
-            choice = ", ".join(f"{b}: {c['drafter']} K={c['k']} ({c['speedup']:.2f}x)" for b, c in d["choice"].items())
+            choice = ", ".join(f"{b}: {c['drafter']} K={c['k']} ({c['speedup']:.2f}x{', overlapped' * bool(c.get('overlap'))})"
+                               for b, c in d["choice"].items())
             print(f"{path}  [{mark}]  pair {d['pair']['name']}, target {d['pair']['target']} on "
                   f"{d['machine']['cpu_model']} / {d['machine']['gpu']}; {choice}")
         print(f"this machine: {here}")
@@ -340,6 +349,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                             "against also under --exact; drop --exact")
     if spec.draft == "ngram":
         spec.draft = None  # the pair's model drafters are measured; n-gram needs no model and is always measured
+    spec.overlap = False  # sequential latencies with every core; --overlap/--no-overlap: whether to measure the split
     rt = build_runtime(spec)
     session = ChatSession(rt.engine, rt.tokenizer)
     prompts = load_prompts(list(profiling.CALIBRATION_CATEGORIES), quick=True)  # one prompt per category
@@ -357,7 +367,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
         names += [d for d in load_manifest(rt.pair).default_drafters if d not in names and d != "ngram"]
     drafters = {n: d for n in [*names, "ngram"] if (d := extra_drafter(rt, n)) is not None}
-    bar = profiling.progress_bar(len(contexts) * (1 + len(drafters)) + len(drafters) * len(profiling.BANDS))
+    model_drafters = [n for n, d in drafters.items() if hasattr(d, "propose_ahead")]  # those that can overlap
+    split = None
+    if args.overlap is not False and model_drafters:
+        from .hardware import overlap_split
+
+        split = overlap_split(hw.get("cores_usable") or 1, target_on_gpu=bool(hw.get("cuda_devices"))
+                              and rt.target_backend == "torch" and spec.target_device != "cpu")
+        if split is None:
+            print("one usable core: overlapped drafting is not measured (there is nothing to split)", file=sys.stderr)
+    bar = profiling.progress_bar(len(contexts) * (1 + len(drafters)) + len(drafters) * len(profiling.BANDS)
+                                 + (1 + len(model_drafters) if split else 0))
     target = rt.engine.target
     verify, spread = {}, {}
     propose = {name: {} for name in drafters}
@@ -379,6 +399,32 @@ def cmd_profile(args: argparse.Namespace) -> int:
             acceptance[name][band], reach[name][band] = profiling.measure_acceptance(
                 engine, calib, k_max, temperature, max_new)
             bar.update(1)
+    descriptions = {name: getattr(d, "description", name) for name, d in drafters.items()}
+    pair = {"name": rt.pair or Path(args.target or "custom").name, "target": rt.target_description,
+            "target_backend": rt.target_backend, "draft": rt.draft_description or "none"}
+    overlap = None
+    if split:
+        # The same models again with the cores split as --overlap runs them, at the middle context length (the
+        # one the cost model reads). The first runtime goes first, so a small board never holds both.
+        mid = sorted(contexts)[len(contexts) // 2]
+        ids = (filler * (mid // max(len(filler), 1) + 1))[:mid]
+        del rt, session, target, drafters, drafter, engine
+        import gc
+
+        gc.collect()
+        draft = spec.draft if spec.draft not in (None, *DRAFTERS) else model_drafters[0]  # a path stays
+        split_spec = dataclasses.replace(spec, threads=split[0], draft_threads=split[1], overlap=True, draft=draft)
+        rt = build_runtime(split_spec, progress=lambda _msg: None)
+        split_verify, split_spread = profiling.measure_verify(rt.engine.target, ids, range(1, k_max + 2), repeats)
+        bar.update(1)
+        overlap = {"threads": split[0], "draft_threads": split[1], "context": mid, "verify": split_verify,
+                   "verify_spread": split_spread, "drafters": {}}
+        if split[0] is None:
+            del overlap["threads"]  # the target on the GPU: torch's own threads
+        for name in model_drafters:
+            drafter = extra_drafter(rt, name)
+            overlap["drafters"][name] = {"propose": profiling.measure_propose(drafter, ids, k_max, repeats)}
+            bar.update(1)
     bar.close()
     gpus = [d["name"] for d in hw.get("cuda_devices", [])]
     data = {
@@ -391,17 +437,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
                     "memory_gib": round((hw.get("memory_total") or 0) / 2**30, 1), "gpu": ", ".join(gpus) or "none",
                     "torch": hw.get("torch"), "onnxruntime": hw.get("onnxruntime"), "transformers": hw.get("transformers"),
                     "load_average": list(__import__("os").getloadavg())},
-        "pair": {"name": rt.pair or Path(args.target or "custom").name, "target": rt.target_description,
-                 "target_backend": rt.target_backend, "draft": rt.draft_description or "none"},
+        "pair": pair,
         "settings": {"k_max": k_max, "repeats": repeats, "calibration_prompts": [p["id"] for p in prompts],
                      "max_new_tokens": max_new, "bands": profiling.BANDS,
                      "typical_prompt_tokens": round(sum(map(len, calib)) / len(calib)),
                      "request_tokens": profiling.REQUEST_TOKENS},
         "latency": {"unit": "ms", "contexts": contexts, "verify": verify, "verify_spread": spread},
-        "drafters": {name: {"description": getattr(d, "description", name), "propose": propose[name],
+        "drafters": {name: {"description": descriptions[name], "propose": propose[name],
                             "catch_up_ms_per_token": catch_up[name],
-                            "acceptance": acceptance[name], "reach": reach[name]} for name, d in drafters.items()},
+                            "acceptance": acceptance[name], "reach": reach[name]} for name in descriptions},
     }
+    if overlap:
+        data["overlap"] = overlap
     profiling.predict(data, k_max)
     path = Path(args.out) if args.out else profiling.default_path(data)
     profiling.write_profile(data, path)
@@ -409,7 +456,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     print(profiling.table(data))
     for band in profiling.BANDS:
         c = data["choice"][band]
-        name = c["drafter"] if c["drafter"] != "none" else next(iter(drafters))
+        name = c["drafter"] if c["drafter"] != "none" else next(iter(descriptions))
         print(f"\n{band}: predicted speed-up by K with {name}\n" + profiling.terminal_plot(data["drafters"][name]["predicted"][band]))
     print(f"\nwrote {path} and {path.with_suffix('.png')}", file=sys.stderr)
     return 0

@@ -6,6 +6,10 @@ subset of the bench prompts at temperature 0 and 0.7. Latencies belong to the de
 acceptance to the pair and the task: they are stored apart, and K comes from both through `edgespec.costmodel`.
 A profile names the machine it was measured on; `find_profile` only returns one whose machine matches.
 
+Where a pair has a draft model and the machine more than one core, it also measures the target and the draft
+with the cores split as `--overlap` runs them (`[overlap]`), predicts the overlapped speed-up over plain decoding
+on every core, and chooses overlap for a temperature band only where that beats drafting one after the other.
+
 It does not run generation for users; `policy_from_profile` turns a profile into the adaptive K policy.
 """
 
@@ -161,14 +165,37 @@ class Profile:
     def pair(self) -> str:
         return self.data["pair"]["name"]
 
-    def latencies(self, drafter: str):
-        """Latencies at the middle measured context length (the cost model's inputs), in seconds."""
+    def latencies(self, drafter: str, *, overlap: bool = False):
+        """Latencies at the middle measured context length (the cost model's inputs), in seconds. `overlap`:
+        those measured with the cores split between the draft and the target (`[overlap]`), where measured."""
         from .costmodel import Latencies
 
+        split = self.overlap_latencies(drafter) if overlap else None
+        if split is not None:
+            return split
         ctx = self._mid_context()
         verify = [t / 1000 for t in self.data["latency"]["verify"][ctx]]
         draft = [t / 1000 for t in self.data["drafters"][drafter]["propose"][ctx]]
         return Latencies(draft, verify)
+
+    def overlap_latencies(self, drafter: str):
+        """Latencies in seconds with the target on `overlap.threads` and the draft on `overlap.draft_threads`
+        (the split `--overlap` runs with); None where the profile did not measure them for this drafter."""
+        from .costmodel import Latencies
+
+        ov = self.data.get("overlap") or {}
+        verify = [t / 1000 for t in ov.get("verify", [])]
+        if drafter in ov.get("drafters", {}):
+            return Latencies([t / 1000 for t in ov["drafters"][drafter]["propose"]], verify)
+        if drafter == "ngram" and verify and drafter in self.data["drafters"]:
+            # A lookup in Python uses no ONNX Runtime threads: its proposals cost the same on any split.
+            return Latencies(self.latencies(drafter).draft, verify)
+        return None
+
+    def split(self) -> tuple[int | None, int] | None:
+        """(target threads, draft threads) the `[overlap]` latencies were measured with (target None: on the GPU)."""
+        ov = self.data.get("overlap")
+        return (ov.get("threads"), ov["draft_threads"]) if ov else None
 
     def survival(self, drafter: str, band: str) -> list[float]:
         return list(self.data["drafters"][drafter]["acceptance"][band])
@@ -229,7 +256,56 @@ def predict(data: dict, k_max: int) -> None:
             whole = request_speedup(s, prompt_tokens * prof.catch_up_ms(name) / 1000, lat.verify[1], answer_tokens)
             if k > 0 and whole > best["request_speedup"]:
                 best = {"drafter": name, "k": k, "speedup": round(s, 4), "request_speedup": round(whole, 4)}
-        data["choice"][band] = best
+        data["choice"][band] = _with_overlap(data, prof, band, best)
+
+
+# Overlap must beat the best sequential choice by this much to be chosen: the cost model fed with latencies
+# measured one model at a time predicted the overlapped speed-up 3-9% above what the Qwen pair measured with
+# both running at once on this project's 2-core machines (docs/bench/amx/overlap/steady).
+OVERLAP_MARGIN = 0.05
+
+
+def overlap_speedups(data: dict, drafter: str, band: str) -> list[float] | None:
+    """Predicted speed-up by K of overlapped drafting with the cores split as `[overlap]` measured, over plain
+    decoding with the target on every core (what runs without overlap): K = 0 is plain decoding on the
+    target's share alone (below 1 on a CPU). None where the split was not measured for this drafter."""
+    from .costmodel import expected_tokens, round_cost
+
+    prof = Profile(data)
+    split = prof.overlap_latencies(drafter)
+    if split is None:
+        return None
+    surv = prof.survival(drafter, band)
+    lat = split.expected(prof.reach(drafter, band))
+    t_plain = prof.latencies(drafter).verify[1]
+    k_max = min(lat.k_max, len(surv))
+    return [t_plain / round_cost(lat, k, overlap=True, survival=surv) * (expected_tokens(surv, k) if k else 1.0)
+            for k in range(k_max + 1)]
+
+
+def _with_overlap(data: dict, prof: Profile, band: str, best: dict) -> dict:
+    """The band's choice, switched to overlapped drafting where `[overlap]` predicts it beats the sequential
+    choice by OVERLAP_MARGIN. The drafter takes in the prompt beside the target's prefill there, so no
+    catch-up is charged; the target's prefill on fewer cores is not measured, and is charged nothing either."""
+    ov = data.get("overlap")
+    if not ov:
+        return best
+    top = None
+    for name in ov.get("drafters", {}):
+        table = overlap_speedups(data, name, band)
+        ov.setdefault("predicted", {}).setdefault(name, {})[band] = [round(x, 4) for x in table]
+        k = max(range(1, len(table)), key=lambda i: table[i], default=0)
+        if k and (top is None or table[k] > top[2]):
+            top = (name, k, table[k])
+    if top is None:
+        return best
+    best = dict(best, overlap_speedup=round(top[2], 4))
+    if top[2] > 1.0 + OVERLAP_MARGIN and top[2] > best["request_speedup"] * (1.0 + OVERLAP_MARGIN):
+        split = {"threads": ov["threads"]} if "threads" in ov else {}
+        best = {"drafter": top[0], "k": top[1], "speedup": round(top[2], 4), "request_speedup": round(top[2], 4),
+                "overlap": True, **split, "draft_threads": ov["draft_threads"],
+                "sequential_speedup": best["request_speedup"]}
+    return best
 
 
 def write_profile(data: dict, path: Path) -> Path:
@@ -263,6 +339,9 @@ def read_profile(path: Path) -> Profile:
             lat = prof.latencies(name)
             if any(not isinstance(t, (int, float)) or t < 0 for t in [*lat.draft, *lat.verify]):
                 raise KeyError("latency")
+            split = prof.overlap_latencies(name)
+            if split is not None and any(not isinstance(t, (int, float)) or t < 0 for t in [*split.draft, *split.verify]):
+                raise KeyError("overlap latency")
             for band in BANDS:
                 if not all(0 <= a <= 1 for a in prof.survival(name, band)):
                     raise KeyError("acceptance")
@@ -330,7 +409,7 @@ def policy_from_profile(profile: Profile | None, drafter: str, temperature: floa
     for s in surv:
         cond.append(min(max(s / prev, 0.0), 1.0) if prev > 0 else 0.0)
         prev = s
-    lat = profile.latencies(drafter)
+    lat = profile.latencies(drafter, overlap=overlap)
     # A measured profile is worth a few rounds of evidence (prior_weight), which age away like real rounds.
     return AdaptiveK(latencies=lat, prior_acceptance=cond or 0.6, k_max=min(k_max, lat.k_max), prior_weight=16.0,
                      overlap=overlap, prior_reach=profile.reach(drafter, band_for(temperature)))
@@ -353,6 +432,24 @@ def table(data: dict) -> str:
             if d.get("reach") and any(r < 1 for r in d["reach"][band]):
                 lines.append(f"  {name:6} reach    " + " ".join(f"{r:.2f}" for r in d["reach"][band]))
             lines.append(f"  {name:6} speed-up by K: " + " ".join(f"{k}:{s:.2f}" for k, s in enumerate(pred)))
+    ov = data.get("overlap")
+    if ov:
+        where = f"target {ov['threads']} thread(s)" if "threads" in ov else "target on the GPU"
+        lines.append(f"overlapped ({where}, draft {ov['draft_threads']} thread(s); speed-up over plain decoding "
+                     f"on every core):")
+        for name, bands in ov.get("predicted", {}).items():
+            for band, pred in bands.items():
+                lines.append(f"  {name:6} {band:8} by K: " + " ".join(f"{k}:{x:.2f}" for k, x in enumerate(pred)))
+        for band in BANDS:
+            c = data["choice"][band]
+            verdict = ("on" if c.get("overlap") else "off") + f" for {band}"
+            if "overlap_speedup" in c or c.get("overlap"):
+                seq = c.get("sequential_speedup", c["request_speedup"])
+                lines.append(f"  overlap {verdict}: best overlapped {c.get('overlap_speedup', c['speedup']):.2f}x "
+                             f"against {seq:.2f}x one after the other")
+        lines.append("  split verify ms (n=1..): " + " ".join(f"{t:.1f}" for t in ov["verify"][1:]))
+        for name, d in ov.get("drafters", {}).items():
+            lines.append(f"  split {name} propose ms (k=1..): " + " ".join(f"{t:.1f}" for t in d["propose"][1:]))
     ctx = prof._mid_context()
     lines.append(f"target verify ms (n=1..) at context {ctx}: " + " ".join(f"{t:.1f}" for t in data["latency"]["verify"][ctx][1:]))
     for name, d in data["drafters"].items():
@@ -381,6 +478,11 @@ def chart(data: dict, path: Path) -> None:
     for name, d in data["drafters"].items():
         for band, style in (("greedy", "-o"), ("sampling", "--s")):
             ax.plot(range(len(d["predicted"][band])), d["predicted"][band], style, label=f"{name} {band}")
+    ov = data.get("overlap") or {}
+    for name, bands in ov.get("predicted", {}).items():
+        for band, style in (("greedy", ":o"), ("sampling", ":s")):
+            if band in bands:
+                ax.plot(range(len(bands[band])), bands[band], style, label=f"{name} {band} overlapped")
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xlabel("K (draft tokens per round)")
     ax.set_ylabel("predicted speed-up over plain decoding")

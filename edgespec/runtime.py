@@ -33,7 +33,10 @@ class RuntimeSpec:
     dtype: str = "auto"
     threads: int | None = None  # ONNX Runtime intra-op threads per session (default: all cores)
     draft_threads: int | None = None  # the draft session's threads (default: `threads`)
-    overlap: bool = False  # draft round i+1 on its own thread while the target verifies round i
+    # Draft round i+1 on its own thread while the target verifies round i. None: as this machine's profile
+    # chose for --k auto (`select_profile`), off otherwise. On, with no threads given, the cores are split
+    # (`edgespec.hardware.overlap_split`).
+    overlap: bool | None = None
     exact: bool = False  # the target's short steps run padded to the rows that make it exact (`lm.exact_rows`): greedy output bitwise the same at every K
 
     @classmethod
@@ -42,7 +45,7 @@ class RuntimeSpec:
         return cls(pair=args.pair, target=args.target, draft=args.draft, draft_backend=args.draft_backend,
                    target_backend=args.target_backend, target_device=args.target_device,
                    draft_device=args.draft_device, dtype=args.dtype, threads=args.threads,
-                   draft_threads=getattr(args, "draft_threads", None), overlap=getattr(args, "overlap", False),
+                   draft_threads=getattr(args, "draft_threads", None), overlap=getattr(args, "overlap", None),
                    exact=getattr(args, "exact", False))
 
 
@@ -124,6 +127,9 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
         target_source = _local_model(spec.target, progress)
         onnx_precision = "fp32"
     target_label = _label(manifest.target if manifest else None, spec.target)
+    drafter_name = spec.draft or (manifest.default_drafters[0] if manifest else "ngram")
+    if spec.overlap and spec.threads is None and spec.draft_threads is None and drafter_name != "ngram":
+        split_cores(spec, target_device, progress)
     tokenizer = load_tokenizer(target_source.hf_dir or target_source.onnx_dir)
     target_lm = _build_lm(target_source, backend, target_device, spec, onnx_precision, "target", progress)
     if spec.exact:
@@ -136,7 +142,6 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
                                 f"so no padding makes its output the same at every K; drop --exact")
 
     # ---- drafter
-    drafter_name = spec.draft or (manifest.default_drafters[0] if manifest else "ngram")
     draft_path = None
     if drafter_name not in DRAFTERS:
         if spec.draft_backend not in ("int4", "int8", "torch"):
@@ -166,12 +171,24 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
 
     eos = _eos_ids(target_source, tokenizer)
     progress("ready")
-    engine = SpeculativeEngine(_target(target_lm), drafter, eos_token_ids=eos, overlap=spec.overlap)
+    engine = SpeculativeEngine(_target(target_lm), drafter, eos_token_ids=eos, overlap=bool(spec.overlap))
     draft_hf = draft_source.hf_dir if draft_source is not None else None
     return Runtime(engine, tokenizer, f"{target_label} · {target_lm.description}", draft_description,
                    manifest.name if manifest else None, drafter_name,
                    target_hf_dir=target_source.hf_dir, draft_hf_dir=draft_hf, target_backend=backend,
                    pair_self_draft=manifest is not None and manifest.draft is None, spec=spec)
+
+
+def split_cores(spec: RuntimeSpec, target_device: str, progress: Callable[[str], None]) -> None:
+    """Overlap on and no threads given: the draft and the target get cores of their own (the default split of
+    `edgespec devices`), instead of two thread pools each as wide as the machine taking turns on every core."""
+    from .hardware import describe, overlap_split
+
+    split = overlap_split(describe().cores_usable, target_on_gpu=target_device.startswith("cuda"))
+    if split is not None:
+        spec.threads, spec.draft_threads = split
+        target = "the GPU" if split[0] is None else f"{split[0]} thread(s)"
+        progress(f"overlap: target {target}, draft {split[1]} thread(s) (set others with --threads/--draft-threads)")
 
 
 def extra_drafter(rt: Runtime, name: str):
@@ -314,10 +331,20 @@ def select_profile(spec: RuntimeSpec, profile_path: str | None, temperature: flo
         if not profile_path:
             warn("no profile for this machine and pair; K is calibrated during the first rounds "
                  "(run `edgespec profile` once to skip this)")
-    elif spec.draft is None and choose_drafter:
-        choice = profile.choice(profiling.band_for(temperature))["drafter"]
-        if choice != "none":
-            spec.draft = choice
+    elif choose_drafter:
+        choice = profile.choice(profiling.band_for(temperature))
+        if spec.draft is None and choice["drafter"] != "none":
+            spec.draft = choice["drafter"]
+        if spec.overlap is None and choice.get("overlap") and spec.draft == choice["drafter"]:
+            # Measured to win here: on (with the profile's split of the cores unless threads were given).
+            spec.overlap = True
+            if spec.threads is None and spec.draft_threads is None:
+                spec.threads, spec.draft_threads = choice.get("threads"), choice.get("draft_threads")
+            report(f"overlap on: this machine's profile predicts {choice['request_speedup']:.2f}x with the "
+                   f"draft beside the target against {choice.get('sequential_speedup', 1.0):.2f}x one after "
+                   f"the other (--no-overlap turns it off)")
+    if spec.overlap is None:
+        spec.overlap = False
     return profile
 
 
@@ -364,7 +391,7 @@ def build_session(args, progress: Callable[[str], None] | None = None):
             return FixedK(check_k(int(settings.k)))
         band = "greedy" if settings.temperature == 0 else "sampling"
         if band not in policies:
-            policies[band] = make_policy("auto", profile, rt.drafter_name, settings.temperature, overlap=spec.overlap)
+            policies[band] = make_policy("auto", profile, rt.drafter_name, settings.temperature, overlap=bool(spec.overlap))
         return policies[band]
 
     return ChatSession(rt.engine, rt.tokenizer, target_description=rt.target_description,

@@ -158,6 +158,34 @@ def test_a_report_is_rerendered_from_its_json_with_a_profile_s_predictions(tmp_p
     assert len(err) == 1 and "cannot read the bench result" in err[0] and "missing.json" in err[0]
 
 
+def test_a_run_on_the_profiles_overlap_split_is_predicted_from_the_split_latencies(tmp_path):
+    from test_profiling import sample_profile, with_split
+
+    from edgespec import profiling
+
+    prof = profiling.read_profile(profiling.write_profile(
+        with_split(sample_profile(), verify=(0, 32, 35, 38, 42, 45), draft_per_token=3.9), tmp_path / "p.toml"))
+    split = bench.profile_latencies(prof, ["int8", "ngram"], (1, 1))
+    assert split["split"] == "the target 1 thread(s), the draft 1 thread(s)"
+    assert split["drafters"]["int8"]["verify_s"][1] == pytest.approx(0.032)
+    assert split["drafters"]["int8"]["draft_s"][1] == pytest.approx(0.0039)
+    assert split["drafters"]["ngram"]["verify_s"][1] == pytest.approx(0.032)  # the lookup's own cost: unchanged
+    for threads in ((None, None), (2, 2), (1, None)):  # every core, or another split: the sequential latencies
+        full = bench.profile_latencies(prof, ["int8"], threads)
+        assert "split" not in full and full["drafters"]["int8"]["verify_s"][1] == pytest.approx(0.020)
+    # A re-render knows the run's threads from its settings.
+    met = m(drafted=10, accepted=6, forwards=5, emitted=10, per_d=[5, 5], per_a=[4, 2])
+    met.update(asked_per_position=[5, 5], catch_up_ms=0.0)
+    records = [rec(TARGET_ONLY, "a", "qa", 0, 10, 1.0, m(0, 0, 10, 10, [], [])), rec("int8@2", "a", "qa", 0, 10, 0.6, met)]
+    result = bench.BenchResult(command="x", machine={}, settings={"threads": {"target": 1, "draft": 1}}, records=records,
+                               summary=summarise(records, greedy=False), load_before=(0, 0, 0), load_after=(0, 0, 0),
+                               peak_rss_mb=0, wall_s=1, notes=[])
+    paths = bench.write_outputs(result, tmp_path, "run")
+    assert main(["bench", "--report", str(paths["json"]), "--profile", str(prof.path)]) == 0
+    assert "measured with the cores split as this run split them" in paths["md"].read_text()
+    assert json.loads(paths["json"].read_text())["latencies"]["drafters"]["int8"]["verify_s"][1] == pytest.approx(0.032)
+
+
 def test_prompt_set_filters():
     assert len(bench.load_prompts(quick=True)) == len(bench.CATEGORIES)
     assert {p["category"] for p in bench.load_prompts(["code", "rag"])} == {"code", "rag"}

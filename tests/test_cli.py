@@ -148,5 +148,14 @@ def test_profile_end_to_end_on_tiny_models_measures_the_drafters_prefill(tiny_ch
     assert prof.data["settings"]["typical_prompt_tokens"] > 100  # the calibration prompts, one token a char
     # Taking in a 256-token context costs a model drafter real time; the n-gram lookup nothing to speak of.
     assert prof.catch_up_ms("torch") > prof.catch_up_ms("ngram") >= 0
+    # Two or more cores: the models are measured again with the cores split as --overlap runs them.
+    overlap = prof.data.get("overlap")
+    assert (overlap is not None) == (prof.data["machine"]["cores_usable"] >= 2)
     for band in profiling.BANDS:
-        assert set(prof.choice(band)) == {"drafter", "k", "speedup", "request_speedup"}
+        assert {"drafter", "k", "speedup", "request_speedup"} <= set(prof.choice(band))
+    if overlap:
+        assert overlap["draft_threads"] >= 1 and set(overlap["drafters"]) == {"torch"}  # n-gram has nothing to overlap
+        assert len(overlap["verify"]) == 4 and all(t > 0 for t in overlap["verify"][1:])
+        for band in profiling.BANDS:
+            pred = overlap["predicted"]["torch"][band]
+            assert len(pred) == 3 and prof.choice(band).get("overlap_speedup", max(pred[1:])) == pytest.approx(max(pred[1:]), abs=1e-4)

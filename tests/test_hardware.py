@@ -117,3 +117,20 @@ def test_jetson_is_read_from_the_device_tree(monkeypatch, tmp_path, no_cuda):
 
     model.write_bytes(b"Raspberry Pi 5 Model B\x00")
     assert hardware.describe().jetson is None
+
+
+def test_the_overlap_split_gives_the_draft_its_own_cores():
+    assert hardware.overlap_split(1) is None  # nothing to split
+    assert hardware.overlap_split(2) == (1, 1)
+    assert hardware.overlap_split(4) == (3, 1)
+    assert hardware.overlap_split(16) == (12, 4)
+    assert hardware.overlap_split(8, target_on_gpu=True) == (None, 7)  # one core launches the GPU's kernels
+    assert hardware.overlap_split(1, target_on_gpu=True) == (None, 1)
+
+
+def test_devices_says_how_overlap_splits_the_cores(no_cuda):
+    hw = hardware.describe()
+    hw.cores_usable = 4
+    assert "target 3 threads, draft 1 thread" in hardware.format_devices(hw)
+    hw.cores_usable = 1
+    assert "overlap       no" in hardware.format_devices(hw)

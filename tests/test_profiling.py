@@ -189,3 +189,87 @@ def test_a_profile_without_prefill_measurements_still_reads_and_predicts(tmp_pat
     path = profiling.write_profile(data, tmp_path / "old.toml")
     prof = profiling.read_profile(path)
     assert prof.catch_up_ms("int8") == 0.0 and prof.choice("greedy")["drafter"] == "int8"
+
+
+def with_split(data, verify, draft_per_token, threads=1, draft_threads=1):
+    """`data` with an `[overlap]` section: the cores split, these latencies (ms) for the int8 drafter."""
+    data["overlap"] = {"draft_threads": draft_threads, "context": 512, "verify": list(verify),
+                       "verify_spread": [0.0] * len(verify),
+                       "drafters": {"int8": {"propose": [k * draft_per_token for k in range(5)]}}}
+    if threads is not None:
+        data["overlap"]["threads"] = threads
+    profiling.predict(data, 4)
+    return data
+
+
+GPU_SPLIT = {"verify": (0, 20, 22, 24, 26, 28), "draft_per_token": 3.0, "threads": None, "draft_threads": 1}
+
+
+def test_overlap_is_chosen_only_where_the_split_is_predicted_to_beat_sequential_drafting():
+    from edgespec.costmodel import Latencies, expected_tokens, round_cost
+
+    # A target on the GPU loses nothing to the draft's thread: drafting hides under verification.
+    data = with_split(sample_profile(), **GPU_SPLIT)
+    surv = [0.9, 0.8, 0.7, 0.6]
+    split = Latencies([k * 0.003 for k in range(5)], [0, 0.020, 0.022, 0.024, 0.026, 0.028])
+    k4 = expected_tokens(surv, 4) * 0.020 / round_cost(split, 4, overlap=True, survival=surv)
+    pred = data["overlap"]["predicted"]["int8"]["greedy"]
+    assert pred[0] == pytest.approx(1.0)  # K = 0: plain decoding, the target on the same device
+    assert pred[4] == pytest.approx(k4, abs=1e-4) and pred[4] == max(pred)
+    greedy = data["choice"]["greedy"]
+    assert k4 > 2.0 * (1 + profiling.OVERLAP_MARGIN)  # the sequential choice's 2.0x (test_predict_chooses_...)
+    assert greedy == {"drafter": "int8", "k": 4, "speedup": round(k4, 4), "request_speedup": round(k4, 4),
+                      "overlap": True, "draft_threads": 1, "sequential_speedup": pytest.approx(2.0)}
+    # At T=0.7 the drafts are rarely accepted: overlap predicts a loss, n-gram one after the other stays.
+    assert data["choice"]["sampling"]["drafter"] == "ngram" and "overlap" not in data["choice"]["sampling"]
+    assert data["choice"]["sampling"]["overlap_speedup"] < 1.0
+    assert "overlap on for greedy" in profiling.table(data)
+
+
+def test_overlap_stays_off_where_splitting_the_cores_slows_the_target_more_than_it_gains():
+    # A 2-core CPU: the target on one core verifies at 1.6x the time, the draft on one core at 1.3x.
+    data = with_split(sample_profile(), verify=(0, 32, 35, 38, 42, 45), draft_per_token=3.9)
+    assert data["overlap"]["predicted"]["int8"]["greedy"][0] == pytest.approx(20 / 32)  # K = 0 on one core
+    greedy = data["choice"]["greedy"]
+    assert "overlap" not in greedy and greedy["drafter"] == "int8" and greedy["k"] == 4
+    assert 1.0 < greedy["overlap_speedup"] < greedy["request_speedup"] * (1 + profiling.OVERLAP_MARGIN)
+    assert "overlap off for greedy" in profiling.table(data)
+
+
+def test_an_overlap_section_round_trips_and_feeds_the_overlapped_policy(tmp_path):
+    data = with_split(sample_profile(), verify=(0, 30, 33, 36, 39, 42), draft_per_token=6.0)
+    prof = profiling.read_profile(profiling.write_profile(data, tmp_path / "p.toml"))
+    assert prof.data == data
+    assert prof.latencies("int8", overlap=True).verify[1] == pytest.approx(0.030)
+    assert prof.latencies("int8").verify[1] == pytest.approx(0.020)  # sequential: every core
+    ngram = prof.latencies("ngram", overlap=True)  # a Python lookup: the split target, its own proposal cost
+    assert ngram.verify[1] == pytest.approx(0.030) and list(ngram.draft) == list(prof.latencies("ngram").draft)
+    policy = profiling.policy_from_profile(prof, "int8", 0.0, k_max=4, overlap=True)
+    assert policy.overlap and policy.verify[1] == pytest.approx(0.030)
+    data["overlap"]["verify"][2] = -1.0
+    profiling.write_profile(data, tmp_path / "bad.toml")
+    with pytest.raises(EdgespecError, match="overlap latency"):
+        profiling.read_profile(tmp_path / "bad.toml")
+
+
+def test_a_profile_that_chose_overlap_turns_it_on_with_its_split_unless_told_otherwise(tmp_path, capsys):
+    from edgespec.runtime import RuntimeSpec, select_profile
+
+    data = with_split(sample_profile(), **{**GPU_SPLIT, "threads": 1})  # as if the target kept its speed on 1 core
+    path = profiling.write_profile(data, tmp_path / "p.toml")
+    spec = RuntimeSpec(pair="smollm2-135m")
+    select_profile(spec, str(path), 0.0)
+    assert (spec.draft, spec.overlap, spec.threads, spec.draft_threads) == ("int8", True, 1, 1)
+    assert "overlap on" in capsys.readouterr().err
+    spec = RuntimeSpec(pair="smollm2-135m", overlap=False)  # --no-overlap
+    select_profile(spec, str(path), 0.0)
+    assert (spec.draft, spec.overlap, spec.threads) == ("int8", False, None)
+    spec = RuntimeSpec(pair="smollm2-135m", threads=2, draft_threads=2)  # threads given: they stay
+    select_profile(spec, str(path), 0.0)
+    assert (spec.overlap, spec.threads, spec.draft_threads) == (True, 2, 2)
+    spec = RuntimeSpec(pair="smollm2-135m", draft="ngram")  # another drafter than the one overlap was chosen for
+    select_profile(spec, str(path), 0.0)
+    assert spec.overlap is False
+    spec = RuntimeSpec(pair="smollm2-135m")
+    select_profile(spec, str(path), 0.7)  # the sampling band chose n-gram, one after the other
+    assert (spec.draft, spec.overlap) == ("ngram", False)
