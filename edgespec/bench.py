@@ -373,7 +373,7 @@ def profile_latencies(profile, drafters: Sequence[str], threads: tuple[int | Non
         out["split"] = f"the target {target}, the draft {threads[1]} thread(s)"
     for name in drafters:
         if name in measured:
-            lat = (profile.overlap_latencies(name) if split else None) or profile.latencies(name)
+            lat = profile.latencies(name, overlap=split)
             out["drafters"][name] = {"draft_s": list(lat.draft), "verify_s": list(lat.verify)}
     return out
 

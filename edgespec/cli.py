@@ -321,7 +321,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from .engine import SpeculativeEngine
     from .hardware import describe
     from .policy import check_k
-    from .runtime import DRAFTERS, build_runtime, extra_drafter
+    from .runtime import DRAFTERS, build_runtime, extra_drafter, overlap_threads
     from .session import ChatSession
 
     hw = describe().to_dict()
@@ -370,10 +370,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     model_drafters = [n for n, d in drafters.items() if hasattr(d, "propose_ahead")]  # those that can overlap
     split = None
     if args.overlap is not False and model_drafters:
-        from .hardware import overlap_split
+        from .hardware import check_device
 
-        split = overlap_split(hw.get("cores_usable") or 1, target_on_gpu=bool(hw.get("cuda_devices"))
-                              and rt.target_backend == "torch" and spec.target_device != "cpu")
+        split = overlap_threads(check_device(spec.target_device))  # the split --overlap runs with
         if split is None:
             print("one usable core: overlapped drafting is not measured (there is nothing to split)", file=sys.stderr)
     bar = profiling.progress_bar(len(contexts) * (1 + len(drafters)) + len(drafters) * len(profiling.BANDS)

@@ -265,22 +265,19 @@ def predict(data: dict, k_max: int) -> None:
 OVERLAP_MARGIN = 0.05
 
 
-def overlap_speedups(data: dict, drafter: str, band: str) -> list[float] | None:
+def overlap_speedups(prof: Profile, drafter: str, band: str) -> list[float] | None:
     """Predicted speed-up by K of overlapped drafting with the cores split as `[overlap]` measured, over plain
-    decoding with the target on every core (what runs without overlap): K = 0 is plain decoding on the
-    target's share alone (below 1 on a CPU). None where the split was not measured for this drafter."""
-    from .costmodel import expected_tokens, round_cost
+    decoding with the target on every core (what runs without overlap): the cost model's overlapped speed-up
+    over plain decoding on the split, rescaled by how much slower the target's share runs, so K = 0 is plain
+    decoding on that share alone (below 1 on a CPU). None where the split was not measured for this drafter."""
+    from .costmodel import speedups
 
-    prof = Profile(data)
     split = prof.overlap_latencies(drafter)
     if split is None:
         return None
-    surv = prof.survival(drafter, band)
     lat = split.expected(prof.reach(drafter, band))
-    t_plain = prof.latencies(drafter).verify[1]
-    k_max = min(lat.k_max, len(surv))
-    return [t_plain / round_cost(lat, k, overlap=True, survival=surv) * (expected_tokens(surv, k) if k else 1.0)
-            for k in range(k_max + 1)]
+    slower = prof.latencies(drafter).verify[1] / lat.verify[1]
+    return [s * slower for s in speedups(prof.survival(drafter, band), lat, overlap=True)]
 
 
 def _with_overlap(data: dict, prof: Profile, band: str, best: dict) -> dict:
@@ -292,7 +289,7 @@ def _with_overlap(data: dict, prof: Profile, band: str, best: dict) -> dict:
         return best
     top = None
     for name in ov.get("drafters", {}):
-        table = overlap_speedups(data, name, band)
+        table = overlap_speedups(prof, name, band)
         ov.setdefault("predicted", {}).setdefault(name, {})[band] = [round(x, 4) for x in table]
         k = max(range(1, len(table)), key=lambda i: table[i], default=0)
         if k and (top is None or table[k] > top[2]):
@@ -336,12 +333,9 @@ def read_profile(path: Path) -> Profile:
             data["choice"][band]["k"]
         prof = Profile(data, Path(path))
         for name in data["drafters"]:
-            lat = prof.latencies(name)
-            if any(not isinstance(t, (int, float)) or t < 0 for t in [*lat.draft, *lat.verify]):
-                raise KeyError("latency")
-            split = prof.overlap_latencies(name)
-            if split is not None and any(not isinstance(t, (int, float)) or t < 0 for t in [*split.draft, *split.verify]):
-                raise KeyError("overlap latency")
+            for what, lat in (("latency", prof.latencies(name)), ("overlap latency", prof.overlap_latencies(name))):
+                if lat is not None and any(not isinstance(t, (int, float)) or t < 0 for t in [*lat.draft, *lat.verify]):
+                    raise KeyError(what)
             for band in BANDS:
                 if not all(0 <= a <= 1 for a in prof.survival(name, band)):
                     raise KeyError("acceptance")

@@ -179,12 +179,19 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
                    pair_self_draft=manifest is not None and manifest.draft is None, spec=spec)
 
 
+def overlap_threads(target_device: str) -> tuple[int | None, int] | None:
+    """(target, draft) threads of the default overlap split for a target on `target_device` (a resolved
+    device: `hardware.check_device`), over the cores this process may use; None with one core."""
+    from .hardware import overlap_split
+    from .onnx_lm import default_threads
+
+    return overlap_split(default_threads(), target_on_gpu=target_device.startswith("cuda"))
+
+
 def split_cores(spec: RuntimeSpec, target_device: str, progress: Callable[[str], None]) -> None:
     """Overlap on and no threads given: the draft and the target get cores of their own (the default split of
     `edgespec devices`), instead of two thread pools each as wide as the machine taking turns on every core."""
-    from .hardware import describe, overlap_split
-
-    split = overlap_split(describe().cores_usable, target_on_gpu=target_device.startswith("cuda"))
+    split = overlap_threads(target_device)
     if split is not None:
         spec.threads, spec.draft_threads = split
         target = "the GPU" if split[0] is None else f"{split[0]} thread(s)"
