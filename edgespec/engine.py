@@ -189,14 +189,26 @@ class SpeculativeEngine:
                 ahead = None
                 if ahead_pool is not None and drafter is not None and len(draft) > 0 and not guess:
                     # Draft the next round (its first token is the guess at the target's next token).
-                    ahead = ahead_pool.submit(drafter.propose_ahead, 2 * len(draft) + 1, params, draft_rng)
+                    ahead = ahead_pool.submit(_timed_ahead, drafter, 2 * len(draft) + 1, params, draft_rng)
                 logits = target.verify([seq[-1], *draft.tokens])
                 verdict = self._judge(draft, logits, params, verify_rng)
+                # The policy's costs: the drafter's work per drafted token wherever it ran (on this thread, or
+                # ahead on its own while the target verified) and the target's own time, without the wait for
+                # the drafter. (A hit's draft came for free on this thread: timing only this thread would call
+                # drafting free, and auto K climbed to 8 where 2 was best.)
+                drafted = len(draft) if draft.drafted is None else draft.drafted
+                draft_s = max(t1 - t0 - draft.catch_up_s, 0.0)
+                wait_s = 0.0
                 if ahead is not None:
+                    t_wait = time.perf_counter()
                     try:
-                        ahead.result()
+                        ahead_s, ahead_n = ahead.result()
                     except Exception as err:  # noqa: BLE001 - as above
                         drafter, notice = None, _drafter_failed(err)
+                    else:
+                        if ahead_n is not None:
+                            draft_s, drafted = draft_s + ahead_s, drafted + ahead_n
+                    wait_s = time.perf_counter() - t_wait
                 target.rollback(len(seq) + verdict.n_accepted)
                 if drafter is not None:
                     if guess:  # the drafter proposed nothing: it hears the round's tokens one by one
@@ -232,8 +244,8 @@ class SpeculativeEngine:
                 # The policy learns the cost per drafted token: a catch-up (the draft model's prefill) is not.
                 # (a guess round is a K = 0 round to the policy: what it costs is what a plain step costs here)
                 policy.observe(k, 0 if guess else len(draft), 0 if guess else verdict.n_accepted,
-                               max(t1 - t0 - draft.catch_up_s, 0.0), t2 - t1,
-                               catch_up_s=draft.catch_up_s, catch_up_tokens=draft.catch_up_tokens)
+                               draft_s, t2 - t1 - wait_s, catch_up_s=draft.catch_up_s,
+                               catch_up_tokens=draft.catch_up_tokens, drafted=0 if guess else drafted)
                 yield Step(
                     tokens=emitted,
                     n_from_draft=min(verdict.n_accepted, len(emitted)),
@@ -283,6 +295,18 @@ class SpeculativeEngine:
                 torch.tensor(draft.tokens, dtype=torch.long), p_target.shape[-1]
             ).float()
         return verify_sampling(draft.tokens, p_draft, p_target, rng)
+
+
+def _timed_ahead(drafter, total: int, params: SamplingParams, rng: torch.Generator) -> tuple[float, int | None]:
+    """Run `drafter.propose_ahead` (on the drafter's thread): the seconds it drafted for (its catch-up on unseen
+    context left out) and how many tokens (None: a drafter that does not say)."""
+    start = time.perf_counter()
+    out = drafter.propose_ahead(total, params, rng)
+    seconds = time.perf_counter() - start
+    if not isinstance(out, tuple):
+        return seconds, None
+    n, catch_up_s = out
+    return max(seconds - catch_up_s, 0.0), int(n)
 
 
 def _drafter_failed(err: BaseException) -> str:

@@ -31,8 +31,10 @@ class KPolicy(Protocol):
         must feed before it can draft (its lazy prefill), a one-off cost on top of drafting K."""
 
     def observe(self, k: int, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float, *,
-                catch_up_s: float = 0.0, catch_up_tokens: int = 0) -> None:
-        """A finished round: `draft_s` excludes the catch-up (`catch_up_s` for `catch_up_tokens` tokens)."""
+                catch_up_s: float = 0.0, catch_up_tokens: int = 0, drafted: int | None = None) -> None:
+        """A finished round: `draft_s` excludes the catch-up (`catch_up_s` for `catch_up_tokens` tokens) and is
+        the drafter's work on `drafted` tokens (None: the `n_drafted` proposed; overlapped, the tokens it drafted
+        this round wherever it ran, some of them for the next round); `verify_s` is the target's own time."""
 
 
 class FixedK:
@@ -48,7 +50,7 @@ class FixedK:
         return self.k
 
     def observe(self, k: int, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float, *,
-                catch_up_s: float = 0.0, catch_up_tokens: int = 0) -> None:
+                catch_up_s: float = 0.0, catch_up_tokens: int = 0, drafted: int | None = None) -> None:
         pass
 
     def __repr__(self) -> str:
@@ -274,12 +276,12 @@ class AdaptiveK:
         self._count(self.k_max, n_proposed, min(n_matched, n_proposed))
 
     def observe(self, k: int, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float, *,
-                catch_up_s: float = 0.0, catch_up_tokens: int = 0) -> None:
+                catch_up_s: float = 0.0, catch_up_tokens: int = 0, drafted: int | None = None) -> None:
         self._emitted += min(n_accepted, n_drafted) + 1
         if catch_up_tokens >= 16 and catch_up_s > 0:  # short feeds are dominated by per-call overhead
             self.catch_up_per_token = self._recent("catch_up", catch_up_s / catch_up_tokens)
         self._count(k, n_drafted, n_accepted)
-        self._latencies(n_drafted, draft_s, verify_s)
+        self._latencies(n_drafted, n_drafted if drafted is None else drafted, draft_s, verify_s)
 
     def _count(self, k: int, n_drafted: int, n_accepted: int) -> None:
         # Only rounds that asked for drafts age the counts: while speculation is off nothing is learnt about
@@ -305,7 +307,7 @@ class AdaptiveK:
             if i < n_drafted:
                 self.proposed[i] += 1
 
-    def _latencies(self, n_drafted: int, draft_s: float, verify_s: float) -> None:
+    def _latencies(self, n_drafted: int, drafted: int, draft_s: float, verify_s: float) -> None:
         # Latencies: medians of the last few rounds. A round is a few milliseconds, so one preempted round on a
         # busy machine can take 10x its usual time; a mean would let that single spike switch speculation off.
         n = max(n_drafted + 1, self.min_rows)  # the rows the target ran
@@ -314,8 +316,8 @@ class AdaptiveK:
             self.verify = {m: t * self.verify_scale for m, t in self.profile_verify.items()}
         elif verify_s > 0:
             self.verify[n] = self._recent(f"verify{n}", verify_s)
-        if n_drafted > 0 and draft_s > 0:
-            per = draft_s / n_drafted
+        if drafted > 0 and draft_s > 0:
+            per = draft_s / drafted
             if self.profile_draft_per_token:  # (a free drafter's is 0: then measured rounds set it)
                 self.draft_scale = self._recent("draft", per / self.profile_draft_per_token)
                 self.draft_per_token = self.profile_draft_per_token * self.draft_scale

@@ -4,6 +4,7 @@ The engine suites' key checks re-run with overlap on, deterministic restart logi
 drafter that fails mid-request."""
 
 import threading
+import time
 
 import pytest
 import torch
@@ -261,3 +262,63 @@ def test_a_target_failing_in_prefill_leaves_no_drafter_thread():
         list(engine.generate([5], max_new_tokens=16, policy=FixedK(3)))
     assert drafter.prefilled == 1
     assert not [t for t in threading.enumerate() if t.name.startswith("edgespec-draft")]
+
+
+class Recorder(FixedK):
+    """A fixed K that keeps what the engine reports after each round."""
+
+    def __init__(self, k):
+        super().__init__(k)
+        self.seen = []
+
+    def observe(self, k, n_drafted, n_accepted, draft_s, verify_s, *, drafted=None, **catch_up):
+        self.seen.append((n_drafted, drafted, draft_s, verify_s))
+
+
+class SlowDrafter(ScriptedDrafter):
+    """A scripted drafter that takes `per_token` seconds per drafted token and says how many it drafted."""
+
+    per_token = 0.02
+
+    def _extend(self, total):
+        n = max(total - len(self.chain), 0)
+        time.sleep(n * self.per_token)
+        super()._extend(total)
+        return n
+
+    def propose(self, k, params, generator):
+        n = self._extend(k)
+        return Draft(list(self.chain[:k]), drafted=n)
+
+    def propose_ahead(self, total, params, generator):
+        return self._extend(total), 0.0
+
+
+class SlowTarget(ScriptedTarget):
+    def verify(self, tokens):
+        time.sleep(0.004)
+        return super().verify(tokens)
+
+
+def test_overlapped_rounds_report_the_drafting_done_ahead_and_the_targets_own_time():
+    """Once a guess hits, the next draft is ready and costs nothing on the engine's thread: the policy must
+    still hear what drafting cost (on the drafter's thread) and the target's time without the wait for the
+    drafter, or the cost model sees free drafting and a slow target and asks for ever larger K."""
+    policy = Recorder(3)
+    engine = SpeculativeEngine(SlowTarget(ANSWER), SlowDrafter(ANSWER + [0] * 40), overlap=True)
+    assert [t for s in engine.generate([5], max_new_tokens=16, policy=policy) for t in s.tokens] == ANSWER
+    first, *rest = policy.seen
+    assert first[:2] == (3, 3 + 4)  # K drafted here, then the guess and the next K ahead
+    for n_drafted, drafted, draft_s, verify_s in rest[:-1]:
+        # every guess hits: nothing drafted here, K + 1 tokens ahead
+        assert (n_drafted, drafted) == (3, 4)
+        assert draft_s / drafted >= SlowDrafter.per_token * 0.9
+        assert verify_s < 4 * SlowDrafter.per_token / 2  # the wait for the drafter's 4 tokens is left out
+
+
+def test_overlapped_model_drafter_counts_every_drafted_token(models):
+    target = models["target"]
+    policy = Recorder(4)
+    engine = SpeculativeEngine(TorchTarget(target), TorchDrafter(target), overlap=True)
+    engine.run(PROMPTS[0], max_new_tokens=31, policy=policy)  # self-drafted: every guess hits
+    assert [s[:2] for s in policy.seen[:-1]] == [(4, 4 + 5)] + [(4, 5)] * (len(policy.seen) - 2)

@@ -259,3 +259,20 @@ def test_an_exact_targets_row_floor_prices_short_steps_as_min_rows():
     policy.observe(0, 0, 0, 0.0, 2 * VERIFY[4])  # a K = 0 round ran 4 rows, twice as slow as profiled
     assert policy.verify_scale == pytest.approx(2.0)
     assert policy.latencies().verify[1] == pytest.approx(2 * VERIFY[4])
+
+
+def test_overlapped_rounds_charge_drafting_per_token_the_drafter_ran_for():
+    """Overlapped, a round whose draft was ready (drafted ahead) reports the drafter's work on the tokens it
+    drafted for the next round: the per-token cost is that work over those tokens, not over the K proposed."""
+    policy = AdaptiveK(latencies=Latencies.linear(T_DRAFT, VERIFY), prior_acceptance=0.9, k_max=8, overlap=True)
+    for _ in range(9):
+        k = policy.next_k()
+        policy.observe(k, k, k, (k + 1) * 3 * T_DRAFT, VERIFY[k + 1], drafted=k + 1)
+    assert policy.draft_per_token == pytest.approx(3 * T_DRAFT)
+    policy.observe(4, 4, 4, 0.0, VERIFY[5], drafted=0)  # nothing drafted anywhere: nothing learnt
+    assert policy.draft_per_token == pytest.approx(3 * T_DRAFT)
+    # drafting three times dearer than profiled keeps overlapped K where drafting K + 1 hides behind verifying;
+    # had the ready rounds been taken for free drafting (the profile's per-token cost, at best), K would climb
+    k = policy.next_k()
+    policy.draft_per_token = T_DRAFT
+    assert k <= 4 < policy.next_k()

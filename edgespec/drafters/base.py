@@ -26,6 +26,9 @@ class Draft:
     # round, the tokens of rounds decoded without drafting): a one-off cost, not a cost per drafted token.
     catch_up_s: float = 0.0
     catch_up_tokens: int = 0  # how many tokens that catch-up fed
+    # Tokens this call ran the draft model for (None: all of `tokens`). An overlapped drafter may have drafted
+    # some or all of them ahead, on its own thread, while the target verified the round before.
+    drafted: int | None = None
 
     def __len__(self) -> int:
         return len(self.tokens)

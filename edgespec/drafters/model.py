@@ -61,13 +61,18 @@ class ModelDrafter:
         k = min(k, self.max_context - len(self._ids))
         if k <= 0:
             return Draft([])
+        before = len(self._chain)
         catch_up_s, catch_up_tokens = self._extend(k, params, generator)
         rows = self._rows[:k]
-        return Draft(list(self._chain[:k]), None if params.greedy else torch.stack(rows), catch_up_s, catch_up_tokens)
+        return Draft(list(self._chain[:k]), None if params.greedy else torch.stack(rows), catch_up_s, catch_up_tokens,
+                     drafted=max(len(self._chain) - before, 0))
 
-    def propose_ahead(self, total: int, params: SamplingParams, generator: torch.Generator) -> None:
-        """Extend the chain to `total` tokens (as if everything proposed so far will be accepted)."""
-        self._extend(min(total, self.max_context - len(self._ids)), params, generator)
+    def propose_ahead(self, total: int, params: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
+        """Extend the chain to `total` tokens (as if everything proposed so far will be accepted). Returns how
+        many tokens that drafted and the seconds of it spent catching up on unseen context."""
+        before = len(self._chain)
+        catch_up_s, _ = self._extend(min(total, self.max_context - len(self._ids)), params, generator)
+        return max(len(self._chain) - before, 0), catch_up_s
 
     def _extend(self, total: int, params: SamplingParams, generator: torch.Generator) -> tuple[float, int]:
         """Grow the chain to `total` tokens; return the seconds spent catching up on unseen context and how
