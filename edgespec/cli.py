@@ -390,6 +390,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
             if ctx == contexts[-1]:  # the prefill is priced from the longest context only (Profile.catch_up_ms)
                 catch_up[name][str(ctx)] = profiling.measure_catch_up(drafter, ids, repeats)
             bar.update(1)
+    # The target's prefill of a typical prompt on every core: what an overlapped request, with the target on
+    # fewer cores, pays more before its first token.
+    typical = round(sum(map(len, calib)) / len(calib))
+    prompt_ids = (filler * (typical // max(len(filler), 1) + 1))[:max(typical, 2)]
+    prefill_ms = profiling.measure_prefill(target, prompt_ids, repeats) if split else None
     acceptance = {name: {} for name in drafters}
     reach = {name: {} for name in drafters}
     for name, drafter in drafters.items():
@@ -414,15 +419,21 @@ def cmd_profile(args: argparse.Namespace) -> int:
         draft = spec.draft if spec.draft not in (None, *DRAFTERS) else model_drafters[0]  # a path stays
         split_spec = dataclasses.replace(spec, threads=split[0], draft_threads=split[1], overlap=True, draft=draft)
         rt = build_runtime(split_spec, progress=lambda _msg: None)
-        split_verify, split_spread = profiling.measure_verify(rt.engine.target, ids, range(1, k_max + 2), repeats)
+        # Each model is timed while the other works beside it, as overlapped rounds run them.
+        with profiling.running_beside(profiling.drafting(rt.engine.drafter, ids)):
+            split_verify, split_spread = profiling.measure_verify(rt.engine.target, ids, range(1, k_max + 2), repeats)
         bar.update(1)
         overlap = {"threads": split[0], "draft_threads": split[1], "context": mid, "verify": split_verify,
-                   "verify_spread": split_spread, "drafters": {}}
+                   "verify_spread": split_spread, "concurrent": True, "drafters": {}}
         if split[0] is None:
             del overlap["threads"]  # the target on the GPU: torch's own threads
         for name in model_drafters:
             drafter = extra_drafter(rt, name)
-            overlap["drafters"][name] = {"propose": profiling.measure_propose(drafter, ids, k_max, repeats)}
+            with profiling.running_beside(profiling.verifying(rt.engine.target, ids)):
+                propose_split = profiling.measure_propose(drafter, ids, k_max, repeats)
+            overlap["drafters"][name] = {
+                "propose": propose_split,
+                "prefill_ms": profiling.measure_prefill(rt.engine.target, prompt_ids, repeats, drafter=drafter)}
             bar.update(1)
     bar.close()
     gpus = [d["name"] for d in hw.get("cuda_devices", [])]
@@ -439,9 +450,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         "pair": pair,
         "settings": {"k_max": k_max, "repeats": repeats, "calibration_prompts": [p["id"] for p in prompts],
                      "max_new_tokens": max_new, "bands": profiling.BANDS,
-                     "typical_prompt_tokens": round(sum(map(len, calib)) / len(calib)),
+                     "typical_prompt_tokens": typical,
                      "request_tokens": profiling.REQUEST_TOKENS},
-        "latency": {"unit": "ms", "contexts": contexts, "verify": verify, "verify_spread": spread},
+        "latency": {"unit": "ms", "contexts": contexts, "verify": verify, "verify_spread": spread,
+                    **({"prefill_ms": prefill_ms, "prefill_tokens": len(prompt_ids)} if prefill_ms is not None else {})},
         "drafters": {name: {"description": descriptions[name], "propose": propose[name],
                             "catch_up_ms_per_token": catch_up[name],
                             "acceptance": acceptance[name], "reach": reach[name]} for name in descriptions},

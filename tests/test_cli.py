@@ -156,6 +156,11 @@ def test_profile_end_to_end_on_tiny_models_measures_the_drafters_prefill(tiny_ch
     if overlap:
         assert overlap["draft_threads"] >= 1 and set(overlap["drafters"]) == {"torch"}  # n-gram has nothing to overlap
         assert len(overlap["verify"]) == 4 and all(t > 0 for t in overlap["verify"][1:])
+        # the split latencies were taken with the other model working beside; the prefills of a typical prompt
+        # on every core and split (the draft model taking it in beside the target) are both measured
+        assert overlap["concurrent"] is True
+        assert prof.data["latency"]["prefill_tokens"] == prof.data["settings"]["typical_prompt_tokens"]
+        assert prof.data["latency"]["prefill_ms"] > 0 and overlap["drafters"]["torch"]["prefill_ms"] > 0
         for band in profiling.BANDS:
             pred = overlap["predicted"]["torch"][band]
             assert len(pred) == 3 and prof.choice(band).get("overlap_speedup", max(pred[1:])) == pytest.approx(max(pred[1:]), abs=1e-4)

@@ -273,3 +273,45 @@ def test_a_profile_that_chose_overlap_turns_it_on_with_its_split_unless_told_oth
     spec = RuntimeSpec(pair="smollm2-135m")
     select_profile(spec, str(path), 0.7)  # the sampling band chose n-gram, one after the other
     assert (spec.draft, spec.overlap) == ("ngram", False)
+
+
+def test_overlap_pays_for_the_targets_slower_prefill_on_its_share_of_the_cores():
+    # Per round the GPU split wins (test above); over a whole answer it must also repay what the start costs more.
+    data = with_split(sample_profile(), **GPU_SPLIT)
+    per_round = data["choice"]["greedy"]["speedup"]
+    data["latency"]["prefill_ms"] = 100.0
+    data["overlap"]["drafters"]["int8"]["prefill_ms"] = 150.0  # 50 ms more before the first token
+    profiling.predict(data, 4)
+    greedy = data["choice"]["greedy"]
+    whole = profiling.request_speedup(per_round, 0.05, 0.020)
+    assert greedy["overlap"] and greedy["speedup"] == pytest.approx(per_round, abs=1e-4)
+    assert greedy["request_speedup"] == pytest.approx(whole, abs=1e-4) and whole < per_round
+    assert "a whole answer" in profiling.table(data) and "150.0 ms split" in profiling.table(data)
+    data["overlap"]["drafters"]["int8"]["prefill_ms"] = 2100.0  # 2 s more: no longer worth it
+    profiling.predict(data, 4)
+    greedy = data["choice"]["greedy"]
+    assert "overlap" not in greedy and greedy["drafter"] == "int8"
+    assert greedy["overlap_speedup"] == pytest.approx(per_round, abs=1e-4)
+    assert greedy["overlap_request_speedup"] < greedy["request_speedup"] * (1 + profiling.OVERLAP_MARGIN)
+
+
+def test_running_beside_keeps_the_other_model_busy_and_reports_its_failure():
+    import threading
+
+    calls, seen = [], threading.Event()
+
+    def work():
+        calls.append(threading.current_thread().name)
+        seen.set()
+
+    with profiling.running_beside(work):
+        assert seen.wait(5)
+    n = len(calls)
+    assert n >= 1 and set(calls) == {"edgespec-profile-beside"}
+    assert len(calls) == n  # stopped with the body
+
+    def broken():
+        raise RuntimeError("draft session lost")
+
+    with pytest.raises(RuntimeError, match="draft session lost"), profiling.running_beside(broken):
+        pass
