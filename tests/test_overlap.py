@@ -4,7 +4,6 @@ The engine suites' key checks re-run with overlap on, deterministic restart logi
 drafter that fails mid-request."""
 
 import threading
-import time
 
 import pytest
 import torch
@@ -275,14 +274,34 @@ class Recorder(FixedK):
         self.seen.append((n_drafted, drafted, draft_s, verify_s))
 
 
+class ThreadClocks:
+    """A scripted clock per thread (no sleeps): `spend` moves only the calling thread's clock, so a thread that
+    waits for another sees no time pass and every duration the engine reads is exactly what was scripted."""
+
+    def __init__(self):
+        self.now = {}
+
+    def spend(self, seconds):
+        key = threading.get_ident()
+        self.now[key] = self.now.get(key, 0.0) + seconds
+
+    def perf_counter(self):
+        return self.now.get(threading.get_ident(), 0.0)
+
+
 class SlowDrafter(ScriptedDrafter):
-    """A scripted drafter that takes `per_token` seconds per drafted token and says how many it drafted."""
+    """A scripted drafter that spends `per_token` seconds of its thread's clock per drafted token and says how
+    many it drafted."""
 
     per_token = 0.02
 
+    def __init__(self, script, clocks):
+        super().__init__(script)
+        self.clocks = clocks
+
     def _extend(self, total):
         n = max(total - len(self.chain), 0)
-        time.sleep(n * self.per_token)
+        self.clocks.spend(n * self.per_token)
         super()._extend(total)
         return n
 
@@ -295,25 +314,38 @@ class SlowDrafter(ScriptedDrafter):
 
 
 class SlowTarget(ScriptedTarget):
+    per_verify = 0.004
+
+    def __init__(self, answer, clocks):
+        super().__init__(answer)
+        self.clocks = clocks
+
     def verify(self, tokens):
-        time.sleep(0.004)
+        self.clocks.spend(self.per_verify)
         return super().verify(tokens)
 
 
-def test_overlapped_rounds_report_the_drafting_done_ahead_and_the_targets_own_time():
+def test_overlapped_rounds_report_the_drafting_done_ahead_and_the_targets_own_time(monkeypatch):
     """Once a guess hits, the next draft is ready and costs nothing on the engine's thread: the policy must
     still hear what drafting cost (on the drafter's thread) and the target's time without the wait for the
     drafter, or the cost model sees free drafting and a slow target and asks for ever larger K."""
+    import types
+
+    import edgespec.engine
+
+    clocks = ThreadClocks()
+    monkeypatch.setattr(edgespec.engine, "time", types.SimpleNamespace(perf_counter=clocks.perf_counter))
     policy = Recorder(3)
-    engine = SpeculativeEngine(SlowTarget(ANSWER), SlowDrafter(ANSWER + [0] * 40), overlap=True)
+    engine = SpeculativeEngine(SlowTarget(ANSWER, clocks), SlowDrafter(ANSWER + [0] * 40, clocks), overlap=True)
     assert [t for s in engine.generate([5], max_new_tokens=16, policy=policy) for t in s.tokens] == ANSWER
     first, *rest = policy.seen
     assert first[:2] == (3, 3 + 4)  # K drafted here, then the guess and the next K ahead
+    assert first[2] == pytest.approx(7 * SlowDrafter.per_token) and first[3] == pytest.approx(SlowTarget.per_verify)
     for n_drafted, drafted, draft_s, verify_s in rest[:-1]:
-        # every guess hits: nothing drafted here, K + 1 tokens ahead
+        # every guess hits: nothing drafted on the engine's thread, K + 1 tokens ahead on the drafter's
         assert (n_drafted, drafted) == (3, 4)
-        assert draft_s / drafted >= SlowDrafter.per_token * 0.9
-        assert verify_s < 4 * SlowDrafter.per_token / 2  # the wait for the drafter's 4 tokens is left out
+        assert draft_s == pytest.approx(4 * SlowDrafter.per_token)
+        assert verify_s == pytest.approx(SlowTarget.per_verify)
 
 
 def test_overlapped_model_drafter_counts_every_drafted_token(models):
