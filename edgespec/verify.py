@@ -42,6 +42,7 @@ def verify_sampling(
     p_draft: torch.Tensor,
     p_target: torch.Tensor,
     generator: torch.Generator,
+    guess: tuple[int, torch.Tensor] | None = None,
 ) -> Verdict:
     """Leviathan/Chen speculative sampling: the emitted tokens are distributed exactly as the target's.
 
@@ -49,6 +50,12 @@ def verify_sampling(
     rejection the correction is drawn from the normalised residual max(0, p_target[i] - p_draft[i]); when all K
     pass, the bonus is drawn from p_target[K]. `p_draft` is [K, V], `p_target` is [K+1, V]; both are computed in
     float64 here so a ratio near 1 is not rounded the wrong way.
+
+    `guess` (token g, its draft distribution row [V]): the drafter's own sample for the bonus position (an
+    overlapped drafter has already drafted on from it). When all K pass, g is judged by the same rule and is the
+    bonus if accepted, else the bonus comes from the residual of p_target[K] and that row: still distributed as
+    p_target[K], and g is kept as often as a draft is accepted, where an independent draw from p_target[K] would
+    equal g only with probability sum_x p_target[K, x] * p_guess[x].
     """
     k = len(draft_tokens)
     if p_target.shape[0] != k + 1 or p_draft.shape[0] != k:
@@ -60,6 +67,12 @@ def verify_sampling(
         if u < acceptance_probability(p_target[i, x].item(), p_draft[i, x].item()):
             continue
         return Verdict(i, _draw(residual_distribution(p_target[i], p_draft[i]), generator))
+    if guess is not None:
+        g, p_guess = guess[0], guess[1].double()
+        u = torch.rand((), generator=generator, dtype=torch.float64).item()
+        if u < acceptance_probability(p_target[k, g].item(), p_guess[g].item()):
+            return Verdict(k, g)
+        return Verdict(k, _draw(residual_distribution(p_target[k], p_guess), generator))
     return Verdict(k, _draw(p_target[k], generator))
 
 

@@ -354,3 +354,17 @@ def test_overlapped_model_drafter_counts_every_drafted_token(models):
     engine = SpeculativeEngine(TorchTarget(target), TorchDrafter(target), overlap=True)
     engine.run(PROMPTS[0], max_new_tokens=31, policy=policy)  # self-drafted: every guess hits
     assert [s[:2] for s in policy.seen[:-1]] == [(4, 4 + 5)] + [(4, 5)] * (len(policy.seen) - 2)
+
+
+def test_overlapped_sampling_keeps_a_guess_the_target_agrees_with():
+    """Sampling, the target as its own draft: the drafter's guess at each round's bonus token is judged by the
+    rule (p_target / p_draft = 1: kept), so the next round's draft is always ready, as in greedy. A bonus drawn
+    apart from the guess would have matched it only sometimes, and each miss drafts the round again."""
+    from edgespec.sampling import SamplingParams
+
+    target = tiny_llama(vocab_size=32, seed=0)
+    policy = Recorder(3)
+    engine = SpeculativeEngine(TorchTarget(target), TorchDrafter(target), overlap=True)
+    m = engine.run(PROMPTS[0], params=SamplingParams(temperature=1.0, seed=7), max_new_tokens=32, policy=policy).metrics
+    assert m.acceptance_rate == 1.0
+    assert [s[:2] for s in policy.seen] == [(3, 3 + 4)] + [(3, 4)] * (len(policy.seen) - 1)

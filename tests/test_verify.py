@@ -130,3 +130,36 @@ def test_greedy_rule():
     assert verify_greedy([], logits[:1]).__dict__ == {"n_accepted": 0, "next_token": 1}
     with pytest.raises(ValueError):
         verify_greedy([1], logits)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_guessed_bonus_is_distributed_as_the_target(name):
+    """An overlapped drafter's guess g ~ p_guess at the bonus position, judged by the rule: the bonus is still
+    distributed as p_target's bonus row (Monte Carlo, and exactly: the bonus position is a drafted one)."""
+    p_t, p_g = CASES[name]
+    assert torch.allclose(exact_emitted(p_t, p_g), p_t, atol=1e-6)
+    g = torch.Generator().manual_seed(3)
+    n = 20000
+    guesses = torch.multinomial(p_g.float(), n, replacement=True, generator=g).tolist()
+    one = torch.stack([d(1, 0, 0, 0)])  # one draft (token 0), certain on both sides: it always passes
+    target = torch.stack([d(1, 0, 0, 0), p_t])
+    bonus = torch.zeros(4, dtype=torch.float64)
+    kept = 0
+    for x in guesses:
+        verdict = verify_sampling([0], one, target, g, guess=(x, p_g))
+        assert verdict.n_accepted == 1
+        bonus[verdict.next_token] += 1
+        kept += verdict.next_token == x
+    assert within(bonus / n, p_t, n)
+    # the guess is kept as often as a draft is accepted: sum_x min(p_guess(x), p_target(x))
+    keep = torch.minimum(p_t, p_g).sum().item()
+    assert abs(kept / n - keep) <= 5 * (keep * (1 - keep) / n) ** 0.5 + 1e-9
+
+
+def test_a_guess_is_kept_far_more_often_than_an_independent_draw_would_match_it():
+    p = d(0.4, 0.3, 0.2, 0.1)  # the same distribution on both sides: the rule keeps every guess
+    g = torch.Generator().manual_seed(4)
+    one, target = torch.stack([d(1, 0, 0, 0)]), torch.stack([d(1, 0, 0, 0), p])
+    guesses = torch.multinomial(p.float(), 2000, replacement=True, generator=g).tolist()
+    assert all(verify_sampling([0], one, target, g, guess=(x, p)).next_token == x for x in guesses)
+    # (a fresh draw from p would have matched the guess with probability sum p^2 = 0.30)

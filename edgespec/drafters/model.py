@@ -74,6 +74,12 @@ class ModelDrafter:
         catch_up_s, _ = self._extend(min(total, self.max_context - len(self._ids)), params, generator)
         return max(len(self._chain) - before, 0), catch_up_s
 
+    def peek(self, i: int) -> tuple[int, torch.Tensor | None] | None:
+        """The chain's token at position `i` past the committed context and its draft distribution row (None
+        when greedy); None when the chain does not reach that far. After `propose_ahead`, position K is the
+        drafter's guess at the token the target adds to a round of K drafts."""
+        return (self._chain[i], self._rows[i]) if i < len(self._chain) else None
+
     def _extend(self, total: int, params: SamplingParams, generator: torch.Generator) -> tuple[float, int]:
         """Grow the chain to `total` tokens; return the seconds spent catching up on unseen context and how
         many tokens that was."""
