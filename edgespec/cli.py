@@ -41,10 +41,29 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="draft the next round on its own thread while the target verifies, the cores split between "
                         "them (`edgespec devices`; --threads/--draft-threads set others). Default: on where this "
                         "machine's profile measured it to win, with --k auto")
+    p.add_argument("--p-min", type=_p_min_arg, default=None, metavar="P",
+                   help="stop a model draft after a token the draft model gave less than probability P (llama.cpp's "
+                        "--draft-p-min; output unchanged, only fewer drafts). Default: 0 (off) for a fixed K, "
+                        "edgespec.policy.DEFAULT_P_MIN for --k auto. bench takes a comma list: one auto run each")
     p.add_argument("--profile", default=None, help="use this profile file for --k auto instead of the one matching this machine")
     p.add_argument("--exact", action="store_true",
                    help="run the target's short steps through the same kernels as verification (padded rows; torch: "
                         "a fixed-length cache), so greedy output is bitwise the same at every K (plain decoding slower)")
+
+
+def _p_min_arg(text: str) -> float | list[float]:
+    """--p-min: a probability, or (bench) a comma list of them; a clear error otherwise."""
+    from .policy import check_p_min
+
+    try:
+        values = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a probability; give a number from 0 to 1") from None
+    try:
+        values = [check_p_min(v) for v in values]
+    except EdgespecError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return values[0] if len(values) == 1 else values
 
 
 def parse_k(text) -> int | str:
@@ -143,8 +162,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     spec = runtime_spec(args)
     profile = select_profile(spec, args.profile, args.temperature) if k == "auto" else None
     rt = build_runtime(spec, progress=None if not args.json else (lambda _: None))
+    if isinstance(args.p_min, list):
+        raise EdgespecError("--p-min takes one probability here (a comma list is for bench)")
     policy = FixedK(0) if rt.engine.drafter is None else make_policy(k, profile, rt.drafter_name, args.temperature,
-                                                                      overlap=rt.engine.overlap)
+                                                                      overlap=rt.engine.overlap, p_min=args.p_min)
     engine, tokenizer = rt.engine, rt.tokenizer
     prompt_ids = encode_prompt(tokenizer, args.prompt, chat=args.chat, system=args.system)
 
@@ -181,7 +202,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
     from .engine import SpeculativeEngine
     from .loading import load_causal_lm
-    from .policy import FixedK, check_k
+    from .policy import DEFAULT_P_MIN, FixedK, check_k
     from .profiling import read_profile
     from .runtime import (
         build_runtime,
@@ -224,6 +245,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         drafters[name] = drafter
     eos = rt.engine.eos_token_ids
     plain = SpeculativeEngine(target, None, eos_token_ids=eos)
+    p_mins = args.p_min if isinstance(args.p_min, list) else [args.p_min]
     rows = target.min_rows  # more than 1 with --exact (`edgespec.lm.exact_rows`)
 
     def set_rows(n):
@@ -246,9 +268,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 if k == 0:
                     continue
                 if k == "auto":
-                    # one per configuration: it keeps what it learnt across prompts
-                    policy = make_policy("auto", profile, name, args.temperature, overlap=overlap)
-                    configs.append(bench.engine_config(f"{name}@auto{tag}", engine, lambda p=policy: p, setup=exact_setup))
+                    # one per configuration: it keeps what it learnt across prompts. Each --p-min value is a run of
+                    # its own (named +pP unless it is the default's value).
+                    for p_min in p_mins:
+                        policy = make_policy("auto", profile, name, args.temperature, overlap=overlap, p_min=p_min)
+                        ptag = "" if p_min is None or p_min == DEFAULT_P_MIN else f"+p{p_min:g}"
+                        configs.append(bench.engine_config(f"{name}@auto{tag}{ptag}", engine, lambda p=policy: p,
+                                                           setup=exact_setup))
                 else:
                     configs.append(bench.engine_config(f"{name}@{k}{tag}", engine, lambda k=k: FixedK(k), setup=exact_setup))
     notes = []

@@ -10,6 +10,7 @@ callback from outside. With K = 0 (or no drafter) the same loop is plain decodin
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -121,7 +122,13 @@ class SpeculativeEngine:
         if hasattr(target, "reserve"):  # an exact target sizes its cache from the whole request
             target.reserve(min(len(prompt_ids) + max_new_tokens, target.max_context))
         early = None
+        # A drafter that can stop its chain at an end of answer learns the target's EOS ids (drafting past one
+        # is work for tokens that can never be emitted); with `p_min` > 0 it also stops after a token its own
+        # model is unsure of (the policy's `p_min`; fixed K keeps its K).
+        p_min = float(getattr(policy, "p_min", 0.0) or 0.0)
         if drafter is not None:
+            if hasattr(drafter, "stop_ids"):
+                drafter.stop_ids = self.eos_token_ids
             drafter.begin(prompt_ids)
             if ahead_pool is not None and hasattr(drafter, "prefill"):
                 # Overlapped: the draft model takes in the prompt on its own thread while the target does
@@ -179,7 +186,8 @@ class SpeculativeEngine:
                 guess = False
                 if k > 0:
                     try:
-                        draft = drafter.propose(k, params, draft_rng)
+                        draft = _cut_at_eos(drafter.propose(k, params, draft_rng, **({"p_min": p_min} if p_min else {})),
+                                            self.eos_token_ids)
                     except Exception as err:  # noqa: BLE001 - any drafter failure: finish on the target alone
                         drafter, notice = None, _drafter_failed(err)
                 elif drafter is not None and (rows := getattr(target, "min_rows", 1)) >= 2 and min(remaining, room) >= 2:
@@ -192,7 +200,7 @@ class SpeculativeEngine:
                 ahead = None
                 if ahead_pool is not None and drafter is not None and len(draft) > 0 and not guess:
                     # Draft the next round (its first token is the guess at the target's next token).
-                    ahead = ahead_pool.submit(_timed_ahead, drafter, 2 * len(draft) + 1, params, draft_rng)
+                    ahead = ahead_pool.submit(_timed_ahead, drafter, 2 * len(draft) + 1, params, draft_rng, p_min)
                 logits = target.verify([seq[-1], *draft.tokens])
                 # Sampling: the drafter's guess at the bonus token is judged by the rule as one more draft (below),
                 # so the rule must wait for it; greedy needs no guess and judges while the drafter drafts on.
@@ -310,16 +318,27 @@ class SpeculativeEngine:
         return verify_sampling(draft.tokens, p_draft, p_target, rng, guess)
 
 
-def _timed_ahead(drafter, total: int, params: SamplingParams, rng: torch.Generator) -> tuple[float, int | None]:
+def _timed_ahead(drafter, total: int, params: SamplingParams, rng: torch.Generator,
+                 p_min: float = 0.0) -> tuple[float, int | None]:
     """Run `drafter.propose_ahead` (on the drafter's thread): the seconds it drafted for (its catch-up on unseen
     context left out) and how many tokens (None: a drafter that does not say)."""
     start = time.perf_counter()
-    out = drafter.propose_ahead(total, params, rng)
+    out = drafter.propose_ahead(total, params, rng, **({"p_min": p_min} if p_min else {}))
     seconds = time.perf_counter() - start
     if not isinstance(out, tuple):
         return seconds, None
     n, catch_up_s = out
     return max(seconds - catch_up_s, 0.0), int(n)
+
+
+def _cut_at_eos(draft: Draft, eos_token_ids: frozenset[int]) -> Draft:
+    """The draft up to and including its first end-of-answer token: nothing after one can be emitted (if the
+    target accepts it the answer ends there; if not, the rest is rejected with it), so verifying it is waste."""
+    for i, token in enumerate(draft.tokens[:-1]):
+        if token in eos_token_ids:
+            return dataclasses.replace(draft, tokens=draft.tokens[: i + 1],
+                                       p_draft=None if draft.p_draft is None else draft.p_draft[: i + 1])
+    return draft
 
 
 def _drafter_failed(err: BaseException) -> str:

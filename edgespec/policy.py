@@ -13,6 +13,16 @@ from typing import Protocol
 from .errors import EdgespecError
 
 MAX_K = 16
+# --k auto stops a model draft after a token the draft model gave less than this probability (llama.cpp's
+# --draft-p-min); fixed K drafts K. 0 = never stop early.
+DEFAULT_P_MIN = 0.0
+
+
+def check_p_min(p_min) -> float:
+    """A user-given p_min, validated: a probability from 0 (never stop a draft early) to 1."""
+    if isinstance(p_min, bool) or not isinstance(p_min, (int, float)) or not 0.0 <= p_min <= 1.0:
+        raise EdgespecError(f"p_min={p_min!r} is out of range; use a probability from 0 (never stop a draft early) to 1")
+    return float(p_min)
 
 
 def check_k(k: int) -> int:
@@ -40,8 +50,9 @@ class KPolicy(Protocol):
 class FixedK:
     """The same K every round."""
 
-    def __init__(self, k: int):
+    def __init__(self, k: int, *, p_min: float = 0.0):
         self.k = check_k(k)
+        self.p_min = check_p_min(p_min)  # > 0: a model draft stops after a token its model is less sure of
 
     def begin_request(self) -> None:
         pass
@@ -54,7 +65,7 @@ class FixedK:
         pass
 
     def __repr__(self) -> str:
-        return f"FixedK({self.k})"
+        return f"FixedK({self.k})" if not self.p_min else f"FixedK({self.k}, p_min={self.p_min})"
 
 
 class AdaptiveK:
@@ -82,10 +93,14 @@ class AdaptiveK:
                  decay: float = 0.95, prior_weight: float = 1.0, overlap: bool = False, probe_every: int = 8,
                  probe_k: int = 2, margin: float = 0.02, calibration_ks: tuple[int, ...] = (0, 2, 4),
                  window: int = 9, fast_decay: float = 0.7, drop: float = 0.3, catch_up_ratio: float = 0.15,
-                 prior_reach: list[float] | None = None, probe_budget: float = 0.05):
+                 prior_reach: list[float] | None = None, probe_budget: float = 0.05,
+                 p_min: float = DEFAULT_P_MIN):
         from .costmodel import Latencies  # noqa: F401  (documented type of `latencies`)
 
         self.k_max = check_k(k_max)
+        # A model draft stops after a token its model gave less than p_min: positions it then leaves out count
+        # as unreached (`reach`), so K is the most worth asking for, and the drafts actually made cost it.
+        self.p_min = check_p_min(p_min)
         self.decay = decay
         self.prior_weight = prior_weight
         self.overlap = overlap
@@ -331,7 +346,7 @@ class AdaptiveK:
         return statistics.median(window)
 
     def __repr__(self) -> str:
-        return f"AdaptiveK(k_max={self.k_max}, overlap={self.overlap})"
+        return f"AdaptiveK(k_max={self.k_max}, overlap={self.overlap}, p_min={self.p_min})"
 
 
 def _interpolate(table: dict[int, float], known: list[int], n: int) -> float:

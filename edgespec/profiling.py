@@ -91,12 +91,20 @@ def measure_verify(target, context_ids: list[int], ns: range, repeats: int) -> t
     return med, spread
 
 
+def _draft_in_full(drafter) -> None:
+    """Timing k drafted tokens: a model drafter an engine told its end-of-answer ids would stop at one and time
+    fewer (each engine request sets them again)."""
+    if hasattr(drafter, "stop_ids"):
+        drafter.stop_ids = frozenset()
+
+
 def measure_propose(drafter, context_ids: list[int], k_max: int, repeats: int) -> list[float]:
     """ms for the drafter to propose k tokens (k = 0..k_max) from a context, greedily."""
     import torch
 
     from .sampling import SamplingParams
 
+    _draft_in_full(drafter)
     params, gen = SamplingParams(), torch.Generator().manual_seed(0)
     out = [0.0]
     for k in range(1, k_max + 1):
@@ -168,6 +176,7 @@ def drafting(drafter, context_ids: list[int], k: int = 3):
 
     from .sampling import SamplingParams
 
+    _draft_in_full(drafter)
     params, gen = SamplingParams(), torch.Generator().manual_seed(0)
 
     def work():
@@ -487,13 +496,14 @@ def find_profile(pair: str, target_backend: str, hw: dict, *, target_detail: str
 
 
 def policy_from_profile(profile: Profile | None, drafter: str, temperature: float, *, k_max: int = 8,
-                        overlap: bool = False):
+                        overlap: bool = False, p_min: float | None = None):
     """The adaptive K policy, seeded with the profile's latencies and acceptance when there is a profile for
-    this drafter; otherwise it calibrates during the first rounds."""
-    from .policy import AdaptiveK
+    this drafter; otherwise it calibrates during the first rounds. `p_min`: None = DEFAULT_P_MIN."""
+    from .policy import DEFAULT_P_MIN, AdaptiveK
 
+    p_min = DEFAULT_P_MIN if p_min is None else p_min
     if profile is None or drafter not in profile.data["drafters"]:
-        return AdaptiveK(k_max=k_max, overlap=overlap)
+        return AdaptiveK(k_max=k_max, overlap=overlap, p_min=p_min)
     surv = profile.survival(drafter, band_for(temperature))
     cond, prev = [], 1.0
     for s in surv:
@@ -502,7 +512,7 @@ def policy_from_profile(profile: Profile | None, drafter: str, temperature: floa
     lat = profile.latencies(drafter, overlap=overlap)
     # A measured profile is worth a few rounds of evidence (prior_weight), which age away like real rounds.
     return AdaptiveK(latencies=lat, prior_acceptance=cond or 0.6, k_max=min(k_max, lat.k_max), prior_weight=16.0,
-                     overlap=overlap, prior_reach=profile.reach(drafter, band_for(temperature)))
+                     overlap=overlap, prior_reach=profile.reach(drafter, band_for(temperature)), p_min=p_min)
 
 
 # ------------------------------------------------------------------------------------------- output

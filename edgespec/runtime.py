@@ -367,15 +367,17 @@ def matching_profile(spec: RuntimeSpec, *, warn=lambda _msg: None):
                                   target_detail=planned_torch_detail(spec), warn=warn)
 
 
-def make_policy(k, profile, drafter_name: str, temperature: float, *, overlap: bool = False):
+def make_policy(k, profile, drafter_name: str, temperature: float, *, overlap: bool = False,
+                p_min: float | None = None):
     """FixedK for a number; for "auto", the adaptive policy seeded from the profile (or calibrating), using
-    the cost model's overlapped form when drafting overlaps verification."""
+    the cost model's overlapped form when drafting overlaps verification. `p_min` (None: 0 for a fixed K,
+    DEFAULT_P_MIN for auto): a model draft stops after a token its model gave less than that probability."""
     from .policy import FixedK
     from .profiling import policy_from_profile
 
     if k != "auto":
-        return FixedK(k)
-    return policy_from_profile(profile, drafter_name, temperature, overlap=overlap)
+        return FixedK(k, p_min=p_min or 0.0)
+    return policy_from_profile(profile, drafter_name, temperature, overlap=overlap, p_min=p_min)
 
 
 def build_session(args, progress: Callable[[str], None] | None = None):
@@ -387,6 +389,8 @@ def build_session(args, progress: Callable[[str], None] | None = None):
     from .session import ChatSession
 
     spec = RuntimeSpec.from_args(args)
+    if isinstance(getattr(args, "p_min", None), list):
+        raise EdgespecError("--p-min takes one probability here (a comma list is for bench)")
     temperature = getattr(args, "temperature", 0.0) or 0.0
     with reporting_to(progress) if progress else contextlib.nullcontext():
         profile = select_profile(spec, getattr(args, "profile", None), temperature)
@@ -395,10 +399,11 @@ def build_session(args, progress: Callable[[str], None] | None = None):
 
     def policy_for(settings):
         if settings.k != "auto":
-            return FixedK(check_k(int(settings.k)))
+            return FixedK(check_k(int(settings.k)), p_min=getattr(args, "p_min", None) or 0.0)
         band = "greedy" if settings.temperature == 0 else "sampling"
         if band not in policies:
-            policies[band] = make_policy("auto", profile, rt.drafter_name, settings.temperature, overlap=bool(spec.overlap))
+            policies[band] = make_policy("auto", profile, rt.drafter_name, settings.temperature, overlap=bool(spec.overlap),
+                                         p_min=getattr(args, "p_min", None))
         return policies[band]
 
     return ChatSession(rt.engine, rt.tokenizer, target_description=rt.target_description,

@@ -44,7 +44,9 @@ class Drafter(Protocol):
         """Start a new request whose context is `prompt_ids`."""
 
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
-        """Propose up to `k` tokens continuing the committed context (fewer, even none, is allowed)."""
+        """Propose up to `k` tokens continuing the committed context (fewer, even none, is allowed). A drafter
+        with a confidence of its own may also take `p_min=` (the engine passes it when the policy sets one):
+        stop after a token it drafted with less than that probability."""
 
     def reset(self) -> None:
         """Drop all state (the next `begin` starts cold)."""

@@ -35,14 +35,18 @@ class ModelDrafter:
         # (`propose_ahead`, used to draft the next round while the target verifies this one).
         self._chain: list[int] = []
         self._rows: list[torch.Tensor | None] = []
+        self._conf: list[float] = []  # the draft distribution's top probability at each chain position
+        # Token ids that end an answer (the engine sets them from the target's EOS ids): the chain never runs
+        # past one, since nothing drafted after an end of answer can be emitted.
+        self.stop_ids: frozenset[int] = frozenset()
 
     def begin(self, prompt_ids: list[int]) -> None:
         self._ids = list(prompt_ids)
-        self._chain, self._rows = [], []
+        self._chain, self._rows, self._conf = [], [], []
         self._cache.trim(self._ids[:-1])  # keep what a previous request left in common; feed lazily
 
     def reset(self) -> None:
-        self._ids, self._chain, self._rows = [], [], []
+        self._ids, self._chain, self._rows, self._conf = [], [], [], []
         self._cache.sync([])
 
     def prefill(self) -> None:
@@ -56,23 +60,36 @@ class ModelDrafter:
         """Committed tokens not yet in the draft model's cache (the next proposal feeds them first)."""
         return max(len(self._ids) - len(self._cache.ids), 0)
 
-    def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
+    def propose(self, k: int, params: SamplingParams, generator: torch.Generator, *, p_min: float = 0.0) -> Draft:
+        """Up to `k` tokens; fewer when the chain reaches an end-of-answer token or, with `p_min` > 0, a token
+        the draft model gave less than `p_min` of its probability (llama.cpp's --draft-p-min: that token is
+        still proposed, but nothing after it). Proposing fewer never changes what the target emits."""
         # The drafter cannot look past its own window; proposing less is always allowed.
         k = min(k, self.max_context - len(self._ids))
         if k <= 0:
             return Draft([])
         before = len(self._chain)
-        catch_up_s, catch_up_tokens = self._extend(k, params, generator)
-        rows = self._rows[:k]
-        return Draft(list(self._chain[:k]), None if params.greedy else torch.stack(rows), catch_up_s, catch_up_tokens,
-                     drafted=max(len(self._chain) - before, 0))
+        catch_up_s, catch_up_tokens = self._extend(k, params, generator, p_min)
+        n = self._usable(k, p_min)
+        return Draft(list(self._chain[:n]), None if params.greedy else torch.stack(self._rows[:n]), catch_up_s,
+                     catch_up_tokens, drafted=max(len(self._chain) - before, 0))
 
-    def propose_ahead(self, total: int, params: SamplingParams, generator: torch.Generator) -> tuple[int, float]:
-        """Extend the chain to `total` tokens (as if everything proposed so far will be accepted). Returns how
-        many tokens that drafted and the seconds of it spent catching up on unseen context."""
+    def propose_ahead(self, total: int, params: SamplingParams, generator: torch.Generator, *,
+                      p_min: float = 0.0) -> tuple[int, float]:
+        """Extend the chain to `total` tokens (as if everything proposed so far will be accepted), stopping where
+        `propose` would. Returns how many tokens that drafted and the seconds of it spent catching up on unseen
+        context."""
         before = len(self._chain)
-        catch_up_s, _ = self._extend(min(total, self.max_context - len(self._ids)), params, generator)
+        catch_up_s, _ = self._extend(min(total, self.max_context - len(self._ids)), params, generator, p_min)
         return max(len(self._chain) - before, 0), catch_up_s
+
+    def _usable(self, k: int, p_min: float) -> int:
+        """How many of the chain's first `k` tokens a proposal may use: up to and including the first
+        end-of-answer token or the first token drafted with confidence below `p_min`."""
+        for i, token in enumerate(self._chain[:k]):
+            if token in self.stop_ids or self._conf[i] < p_min:
+                return i + 1
+        return min(k, len(self._chain))
 
     def peek(self, i: int) -> tuple[int, torch.Tensor | None] | None:
         """The chain's token at position `i` past the committed context and its draft distribution row (None
@@ -80,11 +97,13 @@ class ModelDrafter:
         drafter's guess at the token the target adds to a round of K drafts."""
         return (self._chain[i], self._rows[i]) if i < len(self._chain) else None
 
-    def _extend(self, total: int, params: SamplingParams, generator: torch.Generator) -> tuple[float, int]:
-        """Grow the chain to `total` tokens; return the seconds spent catching up on unseen context and how
-        many tokens that was."""
+    def _extend(self, total: int, params: SamplingParams, generator: torch.Generator,
+                p_min: float = 0.0) -> tuple[float, int]:
+        """Grow the chain to `total` tokens, or until its last token ends the answer or was drafted with less
+        than `p_min` confidence; return the seconds spent catching up on unseen context and how many tokens
+        that was."""
         catch_up_s, catch_up_tokens = 0.0, 0
-        while len(self._chain) < total:
+        while len(self._chain) < total and not self._stopped(p_min):
             context = self._ids + self._chain
             new = context[len(self._cache.ids):]
             # A steady round feeds 1-2 tokens first (the target's token, perhaps the last accepted draft);
@@ -96,12 +115,18 @@ class ModelDrafter:
                 catch_up_tokens += len(new)
             if params.greedy:
                 token, row = int(logits.argmax()), None
+                conf = float(torch.softmax(logits.float(), -1)[token]) if p_min > 0 else 1.0
             else:
                 row = probs_from_logits(logits, params)
                 token = int(torch.multinomial(row, 1, generator=generator))
+                conf = float(row.max())
             self._chain.append(token)
             self._rows.append(row)
+            self._conf.append(conf)
         return catch_up_s, catch_up_tokens
+
+    def _stopped(self, p_min: float) -> bool:
+        return bool(self._chain) and (self._chain[-1] in self.stop_ids or self._conf[-1] < p_min)
 
     def commit(self, n_accepted: int, next_token: int) -> None:
         chain = self._chain
@@ -109,11 +134,12 @@ class ModelDrafter:
             # The chain already went this way (it ran ahead and guessed the target's token): keep the rest.
             self._ids.extend(chain[: n_accepted + 1])
             self._chain, self._rows = chain[n_accepted + 1:], self._rows[n_accepted + 1:]
+            self._conf = self._conf[n_accepted + 1:]
             return
         keep = len(self._ids) + n_accepted
         self._ids.extend(chain[:n_accepted])
         self._ids.append(next_token)
-        self._chain, self._rows = [], []
+        self._chain, self._rows, self._conf = [], [], []
         if len(self._cache.ids) > keep:
             self._cache.crop(keep)
 

@@ -44,7 +44,8 @@ class NgramDrafter:
     def reset(self) -> None:
         self._ids, self._proposed = [], []
 
-    def propose(self, k: int, params: SamplingParams, generator: torch.Generator) -> Draft:
+    def propose(self, k: int, params: SamplingParams, generator: torch.Generator, *, p_min: float = 0.0) -> Draft:
+        # (`p_min` does not apply: a lookup has no confidence of its own; its stop is the match running out)
         self._proposed = self._lookup(k) if k > 0 else []
         return Draft(list(self._proposed))
 
