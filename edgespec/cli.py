@@ -41,29 +41,14 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="draft the next round on its own thread while the target verifies, the cores split between "
                         "them (`edgespec devices`; --threads/--draft-threads set others). Default: on where this "
                         "machine's profile measured it to win, with --k auto")
-    p.add_argument("--p-min", type=_p_min_arg, default=None, metavar="P",
+    p.add_argument("--p-min", default=None, metavar="P",
                    help="stop a model draft after a token the draft model gave less than probability P (llama.cpp's "
                         "--draft-p-min; output unchanged, only fewer drafts). Default: 0 (off) for a fixed K, "
-                        "edgespec.policy.DEFAULT_P_MIN for --k auto. bench takes a comma list: one auto run each")
+                        "edgespec.policy.DEFAULT_P_MIN for --k auto. bench takes a comma list: a run per value for each K")
     p.add_argument("--profile", default=None, help="use this profile file for --k auto instead of the one matching this machine")
     p.add_argument("--exact", action="store_true",
                    help="run the target's short steps through the same kernels as verification (padded rows; torch: "
                         "a fixed-length cache), so greedy output is bitwise the same at every K (plain decoding slower)")
-
-
-def _p_min_arg(text: str) -> float | list[float]:
-    """--p-min: a probability, or (bench) a comma list of them; a clear error otherwise."""
-    from .policy import check_p_min
-
-    try:
-        values = [float(part) for part in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a probability; give a number from 0 to 1") from None
-    try:
-        values = [check_p_min(v) for v in values]
-    except EdgespecError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return values[0] if len(values) == 1 else values
 
 
 def parse_k(text) -> int | str:
@@ -150,20 +135,19 @@ def encode_prompt(tokenizer, prompt: str, *, chat: bool, system: str | None = No
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from .metrics import SpecMetrics
-    from .policy import FixedK
+    from .policy import FixedK, parse_p_min
     from .runtime import build_runtime, make_policy, select_profile
     from .sampling import SamplingParams
     from .text import TextStream
 
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     k = 0 if args.no_spec else parse_k(args.k)
+    args.p_min = parse_p_min(args.p_min)
     if args.no_spec:
         args.draft = "none"
     spec = runtime_spec(args)
     profile = select_profile(spec, args.profile, args.temperature) if k == "auto" else None
     rt = build_runtime(spec, progress=None if not args.json else (lambda _: None))
-    if isinstance(args.p_min, list):
-        raise EdgespecError("--p-min takes one probability here (a comma list is for bench)")
     policy = FixedK(0) if rt.engine.drafter is None else make_policy(k, profile, rt.drafter_name, args.temperature,
                                                                       overlap=rt.engine.overlap, p_min=args.p_min)
     engine, tokenizer = rt.engine, rt.tokenizer
@@ -202,7 +186,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
     from .engine import SpeculativeEngine
     from .loading import load_causal_lm
-    from .policy import DEFAULT_P_MIN, FixedK, check_k
+    from .policy import DEFAULT_P_MIN, FixedK, check_k, parse_p_min
     from .profiling import read_profile
     from .runtime import (
         build_runtime,
@@ -217,6 +201,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         return rerender_bench(args.report, args.profile)
     ks = bench.parse_ks("3,auto" if args.quick and args.k == "0,2,4,6,8,auto" else args.k)
     check_k(args.anchor_k)
+    p_mins = parse_p_min(args.p_min, many=True) or [None]
     categories = args.categories.split(",") if args.categories else None
     prompts = bench.load_prompts(categories, quick=args.quick, per_category=args.per_category)
     max_new = args.max_new_tokens or (48 if args.quick else 128)
@@ -245,7 +230,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         drafters[name] = drafter
     eos = rt.engine.eos_token_ids
     plain = SpeculativeEngine(target, None, eos_token_ids=eos)
-    p_mins = args.p_min if isinstance(args.p_min, list) else [args.p_min]
     rows = target.min_rows  # more than 1 with --exact (`edgespec.lm.exact_rows`)
 
     def set_rows(n):
@@ -275,8 +259,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
                         ptag = "" if p_min is None or p_min == DEFAULT_P_MIN else f"+p{p_min:g}"
                         configs.append(bench.engine_config(f"{name}@auto{tag}{ptag}", engine, lambda p=policy: p,
                                                            setup=exact_setup))
-                else:
-                    configs.append(bench.engine_config(f"{name}@{k}{tag}", engine, lambda k=k: FixedK(k), setup=exact_setup))
+                else:  # a fixed K drafts K (p_min 0) unless --p-min names values: then one run per value
+                    for p_min in p_mins if args.p_min is not None else [0.0]:
+                        ptag = f"+p{p_min:g}" if p_min else ""
+                        configs.append(bench.engine_config(f"{name}@{k}{tag}{ptag}", engine,
+                                                           lambda k=k, p=p_min: FixedK(k, p_min=p), setup=exact_setup))
     notes = []
     if not args.no_anchors:
         if rt.target_backend == "torch":

@@ -25,6 +25,23 @@ def check_p_min(p_min) -> float:
     return float(p_min)
 
 
+def parse_p_min(text: str | float | None, *, many: bool = False) -> float | list[float] | None:
+    """--p-min from the command line: None when not given; a probability, or with `many` a comma list of them
+    (bench). A clear one-line error otherwise."""
+    if text is None or isinstance(text, (int, float)):
+        return None if text is None else check_p_min(text)
+    parts = str(text).split(",")
+    if len(parts) > 1 and not many:
+        raise EdgespecError(f"--p-min {text}: give one probability here (a comma list is for bench)")
+    try:
+        values = [check_p_min(float(part)) for part in parts]
+    except ValueError:
+        raise EdgespecError(f"--p-min {text}: not a probability; give a number from 0 (off) to 1") from None
+    except EdgespecError:
+        raise EdgespecError(f"--p-min {text}: out of range; give a probability from 0 (off) to 1") from None
+    return values if many else values[0]
+
+
 def check_k(k: int) -> int:
     """A user-given K, validated: 0 (speculation off) up to MAX_K."""
     if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_K:

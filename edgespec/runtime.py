@@ -389,8 +389,9 @@ def build_session(args, progress: Callable[[str], None] | None = None):
     from .session import ChatSession
 
     spec = RuntimeSpec.from_args(args)
-    if isinstance(getattr(args, "p_min", None), list):
-        raise EdgespecError("--p-min takes one probability here (a comma list is for bench)")
+    from .policy import parse_p_min
+
+    args.p_min = parse_p_min(getattr(args, "p_min", None))
     temperature = getattr(args, "temperature", 0.0) or 0.0
     with reporting_to(progress) if progress else contextlib.nullcontext():
         profile = select_profile(spec, getattr(args, "profile", None), temperature)

@@ -112,6 +112,21 @@ def test_error_bad_k(tiny_checkpoints, k):
     one_line_error(code, err, "K=")
 
 
+@pytest.mark.parametrize("p_min", ["1.5", "-0.2", "high"])
+def test_error_bad_p_min(tiny_checkpoints, p_min):
+    code, _, err = run_cli("generate", "--target", str(tiny_checkpoints["target"]), "--prompt", "x", "--p-min", p_min)
+    one_line_error(code, err, "--p-min", "from 0")
+
+
+def test_p_min_keeps_the_answer_and_shortens_drafts(tiny_checkpoints, capsys):
+    t, d = str(tiny_checkpoints["target"]), str(tiny_checkpoints["draft"])
+    base = ["--target", t, "--draft", d, "--prompt", "hello world", "--max-new-tokens", "24", "--k", "4"]
+    full = generate_json(capsys, *base)
+    cut = generate_json(capsys, *base, "--p-min", "0.99")
+    assert cut["token_ids"] == full["token_ids"]
+    assert cut["metrics"]["num_draft_tokens"] < full["metrics"]["num_draft_tokens"]
+
+
 def test_error_cuda_missing(tiny_checkpoints):
     import torch
 
