@@ -333,7 +333,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from .bench import load_prompts
     from .engine import SpeculativeEngine
     from .hardware import describe
-    from .policy import check_k
+    from .policy import check_k, parse_p_min
     from .runtime import DRAFTERS, build_runtime, extra_drafter, overlap_threads
     from .session import ChatSession
 
@@ -356,6 +356,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         print(f"this machine: {here}")
         return 0
     k_max = check_k(args.k_max)
+    # --p-min here: the values to measure a model drafter's acceptance at besides 0 (the profile keeps the fastest)
+    p_min_candidates = parse_p_min(args.p_min, many=True) or list(profiling.P_MIN_CANDIDATES)
     spec = runtime_spec(args)
     if spec.exact:
         raise EdgespecError("edgespec profile measures the target's plain one-row steps, which --k auto compares "
@@ -388,7 +390,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         split = overlap_threads(check_device(spec.target_device))  # the split --overlap runs with
         if split is None:
             print("one usable core: overlapped drafting is not measured (there is nothing to split)", file=sys.stderr)
-    bar = profiling.progress_bar(len(contexts) * (1 + len(drafters)) + len(drafters) * len(profiling.BANDS)
+    variants = {n: 1 + sum(p > 0 for p in p_min_candidates) * hasattr(d, "stop_ids") for n, d in drafters.items()}
+    bar = profiling.progress_bar(len(contexts) * (1 + len(drafters)) + sum(variants.values()) * len(profiling.BANDS)
                                  + (1 + len(model_drafters) if split else 0))
     target = rt.engine.target
     verify, spread = {}, {}
@@ -410,12 +413,18 @@ def cmd_profile(args: argparse.Namespace) -> int:
     prefill_ms = profiling.measure_prefill(target, prompt_ids, repeats) if split else None
     acceptance = {name: {} for name in drafters}
     reach = {name: {} for name in drafters}
+    by_p_min = {name: {} for name in drafters}
     for name, drafter in drafters.items():
         engine = SpeculativeEngine(target, drafter, eos_token_ids=rt.engine.eos_token_ids)
-        for band, temperature in profiling.BANDS.items():
-            acceptance[name][band], reach[name][band] = profiling.measure_acceptance(
-                engine, calib, k_max, temperature, max_new)
-            bar.update(1)
+        # a model drafter also at each p_min candidate (an n-gram lookup has no confidence to stop on)
+        p_mins = [0.0, *(p for p in p_min_candidates if p > 0)] if hasattr(drafter, "stop_ids") else [0.0]
+        for p_min in p_mins:
+            variant = by_p_min[name].setdefault(f"{p_min:g}", {"acceptance": {}, "reach": {}})
+            for band, temperature in profiling.BANDS.items():
+                variant["acceptance"][band], variant["reach"][band] = profiling.measure_acceptance(
+                    engine, calib, k_max, temperature, max_new, p_min=p_min)
+                bar.update(1)
+        acceptance[name], reach[name] = dict(by_p_min[name]["0"]["acceptance"]), dict(by_p_min[name]["0"]["reach"])
     descriptions = {name: getattr(d, "description", name) for name, d in drafters.items()}
     pair = {"name": rt.pair or Path(args.target or "custom").name, "target": rt.target_description,
             "target_backend": rt.target_backend, "draft": rt.draft_description or "none"}
@@ -469,7 +478,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
                     **({"prefill_ms": prefill_ms, "prefill_tokens": len(prompt_ids)} if prefill_ms is not None else {})},
         "drafters": {name: {"description": descriptions[name], "propose": propose[name],
                             "catch_up_ms_per_token": catch_up[name],
-                            "acceptance": acceptance[name], "reach": reach[name]} for name in descriptions},
+                            "acceptance": acceptance[name], "reach": reach[name],
+                            **({"by_p_min": by_p_min[name]} if len(by_p_min[name]) > 1 else {})}
+                      for name in descriptions},
     }
     if overlap:
         data["overlap"] = overlap

@@ -221,10 +221,11 @@ def measure_prefill(target, prompt_ids: list[int], repeats: int, drafter=None) -
 
 
 def measure_acceptance(engine, prompts: list[list[int]], k_max: int, temperature: float,
-                       max_new: int) -> tuple[list[float], list[float]]:
+                       max_new: int, p_min: float = 0.0) -> tuple[list[float], list[float]]:
     """With K = k_max on the calibration prompts, per draft position: survival (P(the first i+1 drafts were
     proposed and accepted)) and reach (P(the proposal had more than i tokens)), both over the rounds that
-    asked for position i. A model drafter always reaches; an n-gram lookup proposes only where it matches."""
+    asked for position i. A model drafter reaches but at an end of answer, or (`p_min` > 0) after a token it
+    was unsure of; an n-gram lookup proposes only where it matches."""
     from .policy import FixedK
     from .sampling import SamplingParams
 
@@ -232,7 +233,7 @@ def measure_acceptance(engine, prompts: list[list[int]], k_max: int, temperature
     for i, ids in enumerate(prompts):
         engine.reset()
         params = SamplingParams(temperature=temperature, seed=1234 + i)
-        m = engine.run(ids, params=params, max_new_tokens=max_new, policy=FixedK(k_max)).metrics
+        m = engine.run(ids, params=params, max_new_tokens=max_new, policy=FixedK(k_max, p_min=p_min)).metrics
         for counts, per in ((asked, m.asked_per_position), (drafted, m.drafted_per_position),
                             (accepted, m.accepted_per_position)):
             for j, c in enumerate(per[:k_max]):
@@ -293,6 +294,10 @@ class Profile:
         reach = self.data["drafters"][drafter].get("reach")
         return list(reach[band]) if reach else None
 
+    def p_min(self, drafter: str, band: str) -> float:
+        """The p_min the profile chose for this drafter and band (0: drafts are never stopped early)."""
+        return float((self.data["drafters"][drafter].get("p_min") or {}).get(band, 0.0))
+
     def catch_up_ms(self, drafter: str) -> float:
         """ms per prompt token the drafter spends taking in a new prompt (0 where not measured)."""
         per_ctx = self.data["drafters"][drafter].get("catch_up_ms_per_token") or {}
@@ -336,6 +341,7 @@ def predict(data: dict, k_max: int) -> None:
     for band in BANDS:
         best = {"drafter": "none", "k": 0, "speedup": 1.0, "request_speedup": 1.0}
         for name, d in data["drafters"].items():
+            _choose_p_min(d, band, prof, name, prompt_tokens, answer_tokens)
             lat = prof.latencies(name).expected(prof.reach(name, band))
             surv = prof.survival(name, band)
             table = speedups(surv, lat)
@@ -345,6 +351,40 @@ def predict(data: dict, k_max: int) -> None:
             if k > 0 and whole > best["request_speedup"]:
                 best = {"drafter": name, "k": k, "speedup": round(s, 4), "request_speedup": round(whole, 4)}
         data["choice"][band] = _with_overlap(data, prof, band, best)
+
+
+# The p_min values `edgespec profile` measures acceptance at for a model drafter, besides 0 (llama.cpp's default
+# --draft-p-min). Whether stopping a draft after an unsure token pays depends on the pair: on this project's
+# AMX machine it cost SmolLM2's INT8 drafter (a quantised copy of its target, which agrees with it even where
+# both are unsure) 1.36x -> 1.29x-1.16x at 0.5-0.9, and made Qwen's 0.5B INT4 drafter win (K=6: 0.85x -> 1.10x
+# at 0.75; docs/bench/amx/p-min). So the profile measures both and keeps the faster, per drafter and band.
+P_MIN_CANDIDATES = (0.75,)
+
+
+def _choose_p_min(d: dict, band: str, prof: Profile, name: str, prompt_tokens: int, answer_tokens: int) -> None:
+    """Where the drafter's acceptance was measured at several p_min (`by_p_min`), set its `acceptance`, `reach`
+    and `p_min` for `band` to the variant predicted fastest over a whole typical answer."""
+    from .costmodel import best_k
+
+    variants = d.get("by_p_min")
+    if not variants:
+        return
+    top = None
+    for key, v in variants.items():
+        if band not in v.get("acceptance", {}):
+            continue
+        surv, reach = list(v["acceptance"][band]), list(v["reach"][band])
+        lat = prof.latencies(name).expected(reach)
+        k, s = best_k(surv, lat, margin=0.02)
+        whole = request_speedup(s, prompt_tokens * prof.catch_up_ms(name) / 1000, lat.verify[1], answer_tokens) if k else 1.0
+        # p_min 0 first: another value must predict strictly faster to be chosen
+        if top is None or whole > top[0]:
+            top = (whole, float(key), surv, reach)
+    if top is None:
+        return
+    d.setdefault("acceptance", {})[band] = top[2]
+    d.setdefault("reach", {})[band] = top[3]
+    d.setdefault("p_min", {})[band] = top[1]
 
 
 # Overlap must beat the best sequential choice by this much to be chosen. Fed with latencies measured one model
@@ -498,12 +538,14 @@ def find_profile(pair: str, target_backend: str, hw: dict, *, target_detail: str
 def policy_from_profile(profile: Profile | None, drafter: str, temperature: float, *, k_max: int = 8,
                         overlap: bool = False, p_min: float | None = None):
     """The adaptive K policy, seeded with the profile's latencies and acceptance when there is a profile for
-    this drafter; otherwise it calibrates during the first rounds. `p_min`: None = DEFAULT_P_MIN."""
+    this drafter; otherwise it calibrates during the first rounds. `p_min`: None = the profile's choice for
+    this drafter and band (DEFAULT_P_MIN without one)."""
     from .policy import DEFAULT_P_MIN, AdaptiveK
 
-    p_min = DEFAULT_P_MIN if p_min is None else p_min
     if profile is None or drafter not in profile.data["drafters"]:
-        return AdaptiveK(k_max=k_max, overlap=overlap, p_min=p_min)
+        return AdaptiveK(k_max=k_max, overlap=overlap, p_min=DEFAULT_P_MIN if p_min is None else p_min)
+    if p_min is None:
+        p_min = profile.p_min(drafter, band_for(temperature))
     surv = profile.survival(drafter, band_for(temperature))
     cond, prev = [], 1.0
     for s in surv:
@@ -523,12 +565,19 @@ def table(data: dict) -> str:
     for band in BANDS:
         c = data["choice"][band]
         whole = f", {c['request_speedup']:.2f}x over a whole answer" if "request_speedup" in c else ""
-        lines.append(f"{band} (T={BANDS[band]}): choose {c['drafter']} K={c['k']} "
+        p_min = prof.p_min(c["drafter"], band) if c["drafter"] in data["drafters"] else 0.0
+        lines.append(f"{band} (T={BANDS[band]}): choose {c['drafter']} K={c['k']}"
+                     + (f" p_min {p_min:g}" if p_min else "") + " "
                      f"(predicted {c['speedup']:.2f}x a round{whole})")
         for name, d in data["drafters"].items():
             pred = d["predicted"][band]
             acc = " ".join(f"{a:.2f}" for a in d["acceptance"][band])
-            lines.append(f"  {name:6} survival {acc}")
+            p_min = prof.p_min(name, band)
+            lines.append(f"  {name:6} survival {acc}" + (f"   (drafts stop below p_min {p_min:g})" if p_min else ""))
+            for key, v in (d.get("by_p_min") or {}).items():
+                if float(key) != p_min and band in v.get("acceptance", {}):
+                    lines.append(f"  {name:6} at p_min {key}: survival " + " ".join(f"{a:.2f}" for a in v["acceptance"][band])
+                                 + "  reach " + " ".join(f"{r:.2f}" for r in v["reach"][band]) + "  (predicted slower)")
             if d.get("reach") and any(r < 1 for r in d["reach"][band]):
                 lines.append(f"  {name:6} reach    " + " ".join(f"{r:.2f}" for r in d["reach"][band]))
             lines.append(f"  {name:6} speed-up by K: " + " ".join(f"{k}:{s:.2f}" for k, s in enumerate(pred)))

@@ -315,3 +315,49 @@ def test_running_beside_keeps_the_other_model_busy_and_reports_its_failure():
 
     with pytest.raises(RuntimeError, match="draft session lost"), profiling.running_beside(broken):
         pass
+
+
+def with_p_min_variant(data, survival, reach):
+    """The int8 drafter measured again with drafts stopped early (p_min 0.75): other survival and reach."""
+    d = data["drafters"]["int8"]
+    d["by_p_min"] = {"0": {"acceptance": {b: list(v) for b, v in d["acceptance"].items()},
+                           "reach": {b: [1.0] * 4 for b in d["acceptance"]}},
+                     "0.75": {"acceptance": {b: list(survival) for b in d["acceptance"]},
+                              "reach": {b: list(reach) for b in d["acceptance"]}}}
+    profiling.predict(data, 4)
+    return data
+
+
+def test_the_profile_keeps_p_min_only_where_stopping_drafts_early_is_predicted_faster():
+    # Dear drafting (8 ms a token against 20 ms a plain step) and a draft that is often wrong late in a
+    # proposal: stopping after unsure tokens drafts half as much for nearly the same accepted tokens.
+    data = sample_profile(draft_per_token=8.0)
+    d = data["drafters"]["int8"]
+    d["acceptance"]["greedy"] = [0.8, 0.5, 0.3, 0.2]
+    profiling.predict(data, 4)
+    before = data["choice"]["greedy"]
+    with_p_min_variant(data, survival=[0.78, 0.48, 0.28, 0.19], reach=[1.0, 0.6, 0.35, 0.25])
+    prof = profiling.Profile(data)
+    assert prof.p_min("int8", "greedy") == 0.75
+    assert prof.survival("int8", "greedy") == [0.78, 0.48, 0.28, 0.19]
+    assert data["choice"]["greedy"]["request_speedup"] > before["request_speedup"]
+    assert "p_min 0.75" in profiling.table(data)
+    # the policy seeded from it stops drafts there, unless told otherwise
+    assert profiling.policy_from_profile(prof, "int8", 0.0, k_max=4).p_min == 0.75
+    assert profiling.policy_from_profile(prof, "int8", 0.0, k_max=4, p_min=0.0).p_min == 0.0
+    # a draft that is right even where it is unsure (a quantised copy of the target): stopping only loses
+    data = with_p_min_variant(sample_profile(), survival=[0.85, 0.6, 0.4, 0.25], reach=[1.0, 0.7, 0.5, 0.3])
+    prof = profiling.Profile(data)
+    assert prof.p_min("int8", "greedy") == 0.0
+    assert prof.survival("int8", "greedy") == [0.9, 0.8, 0.7, 0.6]
+    assert profiling.policy_from_profile(prof, "int8", 0.0, k_max=4).p_min == 0.0
+
+
+def test_a_p_min_choice_round_trips(tmp_path):
+    data = with_p_min_variant(sample_profile(draft_per_token=15.0), survival=[0.9, 0.8, 0.7, 0.6],
+                              reach=[1.0, 0.5, 0.3, 0.2])
+    path = tmp_path / "p.toml"
+    profiling.write_profile(data, path)
+    again = profiling.read_profile(path)
+    assert again.p_min("int8", "sampling") == profiling.Profile(data).p_min("int8", "sampling")
+    assert again.data["drafters"]["int8"]["by_p_min"] == data["drafters"]["int8"]["by_p_min"]
