@@ -340,6 +340,7 @@ def predict(data: dict, k_max: int) -> None:
     data["choice"] = {}
     for band in BANDS:
         best = {"drafter": "none", "k": 0, "speedup": 1.0, "request_speedup": 1.0}
+        best_score = 1.0
         for name, d in data["drafters"].items():
             _choose_p_min(d, band, prof, name, prompt_tokens, answer_tokens)
             lat = prof.latencies(name).expected(prof.reach(name, band))
@@ -348,9 +349,21 @@ def predict(data: dict, k_max: int) -> None:
             d.setdefault("predicted", {})[band] = [round(x, 4) for x in table]
             k, s = best_k(surv, lat, margin=0.02)
             whole = request_speedup(s, prompt_tokens * prof.catch_up_ms(name) / 1000, lat.verify[1], answer_tokens)
-            if k > 0 and whole > best["request_speedup"]:
+            # A model drafter must beat the others (and plain decoding) by MODEL_DRAFTER_MARGIN; a free one need not.
+            score = whole if not any(lat.draft[1:]) else whole / (1.0 + MODEL_DRAFTER_MARGIN)
+            if k > 0 and score > best_score:
                 best = {"drafter": name, "k": k, "speedup": round(s, 4), "request_speedup": round(whole, 4)}
+                best_score = score
         data["choice"][band] = _with_overlap(data, prof, band, best)
+
+
+# A model drafter is chosen only where its predicted whole-answer speed-up beats the best other choice by this
+# much. On this project's AMX machine the profile predicted model drafters 5-7% above what the bench measured
+# over the prompt set (SmolLM2 INT8 1.39x predicted against 1.30x, all 56 prompts at T = 0.7; Qwen's INT4 with
+# p_min 0.75 1.14x against 1.07x at its best fixed K, 16 prompts at T = 0, where n-gram drafting measured 1.12x
+# and had been predicted 1.11x): an n-gram lookup's prediction holds (no prefill to pay, nothing that turns
+# K on and off), a model drafter's carries its prefill and its on/off rounds (docs/bench/amx/p-min).
+MODEL_DRAFTER_MARGIN = 0.05
 
 
 # The p_min values `edgespec profile` measures acceptance at for a model drafter, besides 0 (llama.cpp's default

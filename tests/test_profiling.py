@@ -361,3 +361,21 @@ def test_a_p_min_choice_round_trips(tmp_path):
     again = profiling.read_profile(path)
     assert again.p_min("int8", "sampling") == profiling.Profile(data).p_min("int8", "sampling")
     assert again.data["drafters"]["int8"]["by_p_min"] == data["drafters"]["int8"]["by_p_min"]
+
+
+def test_a_model_drafter_must_beat_a_free_one_by_the_margin():
+    data = sample_profile(draft_per_token=3.0)
+    ngram, int8 = data["drafters"]["ngram"], data["drafters"]["int8"]
+    ngram["acceptance"]["greedy"] = [0.25, 0.0, 0.0, 0.0]  # K=1: 1.25 tokens for 22 ms against 20: 1.136x
+    ngram["reach"]["greedy"] = [1.0] * 4
+    int8["acceptance"]["greedy"] = [0.47, 0.0, 0.0, 0.0]  # K=1: 1.47 tokens for 3 + 22 ms: 1.176x, < 5% ahead
+    profiling.predict(data, 4)
+    assert data["choice"]["greedy"]["drafter"] == "ngram"
+    int8["acceptance"]["greedy"] = [0.66, 0.0, 0.0, 0.0]  # 1.66 tokens for 25 ms: 1.328x, > 1.136x * 1.05
+    profiling.predict(data, 4)
+    assert data["choice"]["greedy"]["drafter"] == "int8"
+    # and against plain decoding alone: a model drafter predicted 1.03x is not chosen
+    data["drafters"].pop("ngram")
+    int8["acceptance"]["greedy"] = [0.29, 0.0, 0.0, 0.0]  # 1.29 tokens for 25 ms: 1.032x
+    profiling.predict(data, 4)
+    assert data["choice"]["greedy"]["drafter"] == "none"
