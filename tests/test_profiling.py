@@ -366,6 +366,7 @@ def test_a_p_min_choice_round_trips(tmp_path):
 def test_a_model_drafter_must_beat_a_free_one_by_the_margin():
     data = sample_profile(draft_per_token=3.0)
     ngram, int8 = data["drafters"]["ngram"], data["drafters"]["int8"]
+    ngram["propose"] = {"128": [0.0] + [0.003] * 4, "512": [0.0] + [0.003] * 4}  # a lookup: 3 us, not 0
     ngram["acceptance"]["greedy"] = [0.25, 0.0, 0.0, 0.0]  # K=1: 1.25 tokens for 22 ms against 20: 1.136x
     ngram["reach"]["greedy"] = [1.0] * 4
     int8["acceptance"]["greedy"] = [0.47, 0.0, 0.0, 0.0]  # K=1: 1.47 tokens for 3 + 22 ms: 1.176x, < 5% ahead
