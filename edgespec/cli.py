@@ -390,8 +390,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         split = overlap_threads(check_device(spec.target_device))  # the split --overlap runs with
         if split is None:
             print("one usable core: overlapped drafting is not measured (there is nothing to split)", file=sys.stderr)
-    variants = {n: 1 + sum(p > 0 for p in p_min_candidates) * hasattr(d, "stop_ids") for n, d in drafters.items()}
-    bar = profiling.progress_bar(len(contexts) * (1 + len(drafters)) + sum(variants.values()) * len(profiling.BANDS)
+    # a model drafter also at each p_min candidate (an n-gram lookup has no confidence to stop on)
+    p_mins = {n: [0.0, *(p for p in p_min_candidates if p > 0)] if hasattr(d, "stop_ids") else [0.0]
+              for n, d in drafters.items()}
+    bar = profiling.progress_bar(len(contexts) * (1 + len(drafters)) + sum(map(len, p_mins.values())) * len(profiling.BANDS)
                                  + (1 + len(model_drafters) if split else 0))
     target = rt.engine.target
     verify, spread = {}, {}
@@ -416,9 +418,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     by_p_min = {name: {} for name in drafters}
     for name, drafter in drafters.items():
         engine = SpeculativeEngine(target, drafter, eos_token_ids=rt.engine.eos_token_ids)
-        # a model drafter also at each p_min candidate (an n-gram lookup has no confidence to stop on)
-        p_mins = [0.0, *(p for p in p_min_candidates if p > 0)] if hasattr(drafter, "stop_ids") else [0.0]
-        for p_min in p_mins:
+        for p_min in p_mins[name]:
             variant = by_p_min[name].setdefault(f"{p_min:g}", {"acceptance": {}, "reach": {}})
             for band, temperature in profiling.BANDS.items():
                 variant["acceptance"][band], variant["reach"][band] = profiling.measure_acceptance(

@@ -331,7 +331,7 @@ def predict(data: dict, k_max: int) -> None:
     also pays the drafter's prefill of the prompt. On an AVX2-only EPYC the SmolLM2 pair's INT8 drafter (the
     target model itself, quantised) was predicted 1.19x per round against n-gram's 1.16x, and measured 0.97x
     against 1.23x over all 56 bench prompts: its prefill of each prompt costs about what the target's does."""
-    from .costmodel import best_k, speedups
+    from .costmodel import speedups
 
     prof = Profile(data)
     settings = data.get("settings", {})
@@ -343,12 +343,10 @@ def predict(data: dict, k_max: int) -> None:
         best_score = 1.0
         for name, d in data["drafters"].items():
             _choose_p_min(d, band, prof, name, prompt_tokens, answer_tokens)
-            lat = prof.latencies(name).expected(prof.reach(name, band))
-            surv = prof.survival(name, band)
-            table = speedups(surv, lat)
-            d.setdefault("predicted", {})[band] = [round(x, 4) for x in table]
-            k, s = best_k(surv, lat, margin=0.02)
-            whole = request_speedup(s, prompt_tokens * prof.catch_up_ms(name) / 1000, lat.verify[1], answer_tokens)
+            surv, reach = prof.survival(name, band), prof.reach(name, band)
+            lat = prof.latencies(name).expected(reach)
+            d.setdefault("predicted", {})[band] = [round(x, 4) for x in speedups(surv, lat)]
+            k, s, whole = _best_over_answer(prof, name, surv, reach, prompt_tokens, answer_tokens)
             # A model drafter must beat the others (and plain decoding) by MODEL_DRAFTER_MARGIN; a free one (an
             # n-gram lookup: microseconds for K tokens, under 1% of one target step) need not.
             free = max(lat.draft[1:], default=0.0) < 0.01 * lat.verify[1]
@@ -376,11 +374,20 @@ MODEL_DRAFTER_MARGIN = 0.05
 P_MIN_CANDIDATES = (0.75,)
 
 
+def _best_over_answer(prof: Profile, name: str, surv: list[float], reach: list[float] | None, prompt_tokens: int,
+                      answer_tokens: int) -> tuple[int, float, float]:
+    """The drafter's best K from its acceptance and reach, that K's speed-up a round, and over a whole typical
+    answer (which also pays the drafter's prefill of the prompt)."""
+    from .costmodel import best_k
+
+    lat = prof.latencies(name).expected(reach)
+    k, s = best_k(surv, lat, margin=0.02)
+    return k, s, request_speedup(s, prompt_tokens * prof.catch_up_ms(name) / 1000, lat.verify[1], answer_tokens)
+
+
 def _choose_p_min(d: dict, band: str, prof: Profile, name: str, prompt_tokens: int, answer_tokens: int) -> None:
     """Where the drafter's acceptance was measured at several p_min (`by_p_min`), set its `acceptance`, `reach`
     and `p_min` for `band` to the variant predicted fastest over a whole typical answer."""
-    from .costmodel import best_k
-
     variants = d.get("by_p_min")
     if not variants:
         return
@@ -389,9 +396,8 @@ def _choose_p_min(d: dict, band: str, prof: Profile, name: str, prompt_tokens: i
         if band not in v.get("acceptance", {}):
             continue
         surv, reach = list(v["acceptance"][band]), list(v["reach"][band])
-        lat = prof.latencies(name).expected(reach)
-        k, s = best_k(surv, lat, margin=0.02)
-        whole = request_speedup(s, prompt_tokens * prof.catch_up_ms(name) / 1000, lat.verify[1], answer_tokens) if k else 1.0
+        k, _, whole = _best_over_answer(prof, name, surv, reach, prompt_tokens, answer_tokens)
+        whole = whole if k else 1.0
         # p_min 0 first: another value must predict strictly faster to be chosen
         if top is None or whole > top[0]:
             top = (whole, float(key), surv, reach)

@@ -384,14 +384,12 @@ def build_session(args, progress: Callable[[str], None] | None = None):
     """A `ChatSession` for `edgespec chat`: the runtime from the CLI's model options, and K from the
     per-turn settings (`auto` = one adaptive policy kept across turns, so what it learnt about this machine's
     latencies carries over from one answer to the next)."""
-    from .policy import FixedK, check_k
+    from .policy import FixedK, check_k, parse_p_min
     from .progress import reporting_to
     from .session import ChatSession
 
     spec = RuntimeSpec.from_args(args)
-    from .policy import parse_p_min
-
-    args.p_min = parse_p_min(getattr(args, "p_min", None))
+    p_min = parse_p_min(getattr(args, "p_min", None))
     temperature = getattr(args, "temperature", 0.0) or 0.0
     with reporting_to(progress) if progress else contextlib.nullcontext():
         profile = select_profile(spec, getattr(args, "profile", None), temperature)
@@ -400,11 +398,11 @@ def build_session(args, progress: Callable[[str], None] | None = None):
 
     def policy_for(settings):
         if settings.k != "auto":
-            return FixedK(check_k(int(settings.k)), p_min=getattr(args, "p_min", None) or 0.0)
+            return FixedK(check_k(int(settings.k)), p_min=p_min or 0.0)
         band = "greedy" if settings.temperature == 0 else "sampling"
         if band not in policies:
             policies[band] = make_policy("auto", profile, rt.drafter_name, settings.temperature, overlap=bool(spec.overlap),
-                                         p_min=getattr(args, "p_min", None))
+                                         p_min=p_min)
         return policies[band]
 
     return ChatSession(rt.engine, rt.tokenizer, target_description=rt.target_description,

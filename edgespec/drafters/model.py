@@ -86,8 +86,8 @@ class ModelDrafter:
     def _usable(self, k: int, p_min: float) -> int:
         """How many of the chain's first `k` tokens a proposal may use: up to and including the first
         end-of-answer token or the first token drafted with confidence below `p_min`."""
-        for i, token in enumerate(self._chain[:k]):
-            if token in self.stop_ids or self._conf[i] < p_min:
+        for i in range(min(k, len(self._chain))):
+            if self._ends_proposal(i, p_min):
                 return i + 1
         return min(k, len(self._chain))
 
@@ -103,7 +103,7 @@ class ModelDrafter:
         than `p_min` confidence; return the seconds spent catching up on unseen context and how many tokens
         that was."""
         catch_up_s, catch_up_tokens = 0.0, 0
-        while len(self._chain) < total and not self._stopped(p_min):
+        while len(self._chain) < total and not (self._chain and self._ends_proposal(len(self._chain) - 1, p_min)):
             context = self._ids + self._chain
             new = context[len(self._cache.ids):]
             # A steady round feeds 1-2 tokens first (the target's token, perhaps the last accepted draft);
@@ -125,8 +125,9 @@ class ModelDrafter:
             self._conf.append(conf)
         return catch_up_s, catch_up_tokens
 
-    def _stopped(self, p_min: float) -> bool:
-        return bool(self._chain) and (self._chain[-1] in self.stop_ids or self._conf[-1] < p_min)
+    def _ends_proposal(self, i: int, p_min: float) -> bool:
+        """Chain position `i` is the last a proposal may use: an end-of-answer token, or drafted below `p_min`."""
+        return self._chain[i] in self.stop_ids or self._conf[i] < p_min
 
     def commit(self, n_accepted: int, next_token: int) -> None:
         chain = self._chain
