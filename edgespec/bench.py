@@ -350,6 +350,31 @@ def auto_vs_fixed(summary: dict) -> dict[str, dict[str, dict]]:
     return out
 
 
+def per_repeat(records: Sequence[RunRecord], *, greedy: bool) -> list[dict]:
+    """`summarise` of each repeat on its own (empty with one repeat): how far a number moves from one run of the
+    same configurations to the next, which says how large a difference between them means anything."""
+    reps = sorted({r.repeat for r in records})
+    if len(reps) < 2:
+        return []
+    return [summarise([r for r in records if r.repeat == i], greedy=greedy) for i in reps]
+
+
+def repeat_spread(runs: Sequence[dict]) -> dict[str, float]:
+    """Per category (and overall), over the configurations with a decode rate: the median of (the faster run's
+    decode rate / the slower one's - 1) across `per_repeat`'s runs. With sampling each run draws other answers,
+    so this is mostly the text's doing, not the clock's."""
+    if len(runs) < 2:
+        return {}
+    spreads: dict[str, list[float]] = {}
+    for config, rows in runs[0]["configs"].items():
+        for cat in rows:
+            rates = [(lambda row: row.get("decode_tokens_per_s") or row.get("tokens_per_s"))(
+                run["configs"].get(config, {}).get(cat, {})) for run in runs]
+            if all(rates):
+                spreads.setdefault(cat, []).append(max(rates) / min(rates) - 1.0)
+    return {cat: statistics.median(v) for cat, v in spreads.items()}
+
+
 # Issue 7's bar for the cost model: its predicted speed-up within 15% of the measured one.
 PREDICTION_TOLERANCE = 0.15
 
@@ -452,11 +477,16 @@ def markdown(result: BenchResult) -> str:
         lines.append(f"| {c} | " + " | ".join(f"{rows[k]['tokens_per_s']:.2f}" if k in rows else "-" for k in cats) + " |")
     sweep = auto_vs_fixed(s)
     if sweep:
+        runs = per_repeat(result.records, greedy=bool(result.settings.get("greedy")))
+        spread = repeat_spread(runs)
         lines += ["", "## Auto against the fixed-K sweep", "",
                   (f"Per category, in decode tokens/s (after the target's prefill, the same work at every K): the best "
                    f"fixed K of the same drafter (K = 0 is target-only) and its speed-up, then auto's rate over the best "
                    f"fixed K's (target: >= {AUTO_WITHIN_BEST:.2f}) and over K = 0's (target: >= {AUTO_VS_K0:.2f}); a "
-                   f"cell missing a target is marked **!**."), ""]
+                   f"cell missing a target is marked **!**.")
+                  + (f" With {len(runs)} runs: auto over the best fixed K of each run on its own, and the run-to-run "
+                     f"spread (per category, the median over configurations of the faster run's decode rate over the "
+                     f"slower one's, minus 1): a difference well inside it is noise." if runs else ""), ""]
         for name, rows in sweep.items():
             cols = [c for c in [*cats, "overall"] if c in rows]
             lines += [f"**{name}**", "", "| | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols),
@@ -465,6 +495,12 @@ def markdown(result: BenchResult) -> str:
                                                           for c in cols) + " |",
                       "| auto / K = 0 | " + " | ".join(f"{rows[c]['auto_speedup']:.2f}" + ("" if rows[c]["not_below_k0"] else " **!**")
                                                       for c in cols) + " |", ""]
+            if runs:
+                each = [auto_vs_fixed(run).get(name, {}) for run in runs]
+                lines.insert(len(lines) - 1, "| auto / best fixed, each run | " + " | ".join(
+                    ", ".join(f"{e[c]['auto_over_best']:.2f}" if c in e else "-" for e in each) for c in cols) + " |")
+                lines.insert(len(lines) - 1, "| run-to-run spread | " + " | ".join(
+                    f"{spread[c]:.0%}" if c in spread else "-" for c in cols) + " |")
             per_cat = [c for c in cols if c != "overall"]
             missed = [c for c in per_cat if not (rows[c]["within_best"] and rows[c]["not_below_k0"])]
             lines.append(f"{name}: {len(per_cat) - len(missed)} of {len(per_cat)} categories meet both targets"

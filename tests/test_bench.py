@@ -273,3 +273,24 @@ def test_with_an_exact_reference_the_greedy_check_compares_against_it():
     # the speed baseline stays the plain target-only run
     assert s["configs"]["int4@3"]["overall"]["speedup"] == pytest.approx(2.0)
     assert s["configs"][TARGET_ONLY_EXACT]["overall"]["speedup"] == pytest.approx(1 / 1.1)
+
+
+def test_with_repeats_the_sweep_shows_each_run_and_the_run_to_run_spread():
+    """Two runs of the same sweep: auto over the best fixed K of each run on its own, and per category the
+    median over configurations of how far one run's rate is from the other's."""
+    # 10 tokens a prompt; walls per (config, repeat): tokens/s 10 / 8, 20 / 16.67, 19.05 / 16.67
+    walls = {TARGET_ONLY: (1.0, 1.25), "ngram@2": (0.5, 0.6), "ngram@auto": (0.525, 0.6)}
+    records = [rec(c, "a", "qa", rep, 10, w[rep]) for c, w in walls.items() for rep in (0, 1)]
+    runs = bench.per_repeat(records, greedy=False)
+    assert [run["configs"]["ngram@2"]["qa"]["tokens_per_s"] for run in runs] == pytest.approx([20.0, 10 / 0.6])
+    each = [bench.auto_vs_fixed(run)["ngram@auto"]["qa"]["auto_over_best"] for run in runs]
+    assert each == pytest.approx([0.5 / 0.525, 1.0])
+    # spreads: target-only 1.25 - 1 = 0.25, ngram@2 0.2, auto 0.6 / 0.525 - 1 = 0.143: median 0.2
+    assert bench.repeat_spread(runs)["qa"] == pytest.approx(0.2)
+    assert bench.per_repeat([r for r in records if r.repeat == 0], greedy=False) == []
+    result = bench.BenchResult(command="x", machine={}, settings={}, records=records,
+                               summary=summarise(records, greedy=False), load_before=(0, 0, 0), load_after=(0, 0, 0),
+                               peak_rss_mb=0, wall_s=1, notes=[])
+    md = bench.markdown(result)
+    assert "| auto / best fixed, each run | 0.95, 1.00 | 0.95, 1.00 |" in md
+    assert "| run-to-run spread | 20% | 20% |" in md
