@@ -368,8 +368,8 @@ def repeat_spread(runs: Sequence[dict]) -> dict[str, float]:
     spreads: dict[str, list[float]] = {}
     for config, rows in runs[0]["configs"].items():
         for cat in rows:
-            rates = [(lambda row: row.get("decode_tokens_per_s") or row.get("tokens_per_s"))(
-                run["configs"].get(config, {}).get(cat, {})) for run in runs]
+            cells = [run["configs"].get(config, {}).get(cat, {}) for run in runs]
+            rates = [c.get("decode_tokens_per_s") or c.get("tokens_per_s") for c in cells]
             if all(rates):
                 spreads.setdefault(cat, []).append(max(rates) / min(rates) - 1.0)
     return {cat: statistics.median(v) for cat, v in spreads.items()}
