@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import resource
 import shlex
 import statistics
@@ -404,7 +405,7 @@ def profile_latencies(profile, drafters: Sequence[str], threads: tuple[int | Non
 
 
 def predictions(summary: dict, latencies: dict) -> dict[str, dict[str, dict]]:
-    """Per fixed-K configuration ("int4@3", "int4@3+overlap") whose drafter the profile measured, per category and
+    """Per fixed-K configuration ("int4@3", "int4@3+overlap", "int4@3+p0.75") whose drafter the profile measured, per category and
     overall: the cost model's speed-up over plain decoding from the profile's latencies and this run's own
     acceptance per position and reach (so only the timing model is tested), beside the measured speed-up of the
     steady rounds (decode without the draft model's catch-up on the prompt) and their ratio."""
@@ -413,6 +414,8 @@ def predictions(summary: dict, latencies: dict) -> dict[str, dict[str, dict]]:
     out: dict[str, dict[str, dict]] = {}
     for name, rows in summary["configs"].items():
         drafter, k_text, tag = config_parts(name)
+        # "+p0.75": drafts that stop after an unsure token; the run's reach per position says how far they went
+        tag = re.sub(r"\+p[0-9.]+$", "", tag)
         lat_data = latencies.get("drafters", {}).get(drafter)
         if not lat_data or not k_text.isdigit() or tag not in ("", "+overlap"):
             continue

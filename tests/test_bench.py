@@ -108,13 +108,15 @@ def test_the_cost_model_is_reported_beside_the_measured_speed_up():
                # decode 0.7 s of which 0.1 s the draft model's catch-up: steady 10 / 0.6 s
                rec("int4@2", "a", "qa", 0, 10, 0.8, met(), prefill=0.1),
                rec("int4@2+overlap", "a", "qa", 0, 10, 0.1 + 0.1 + 10 / 13, met(), prefill=0.1),
+               rec("int4@2+p0.75", "a", "qa", 0, 10, 0.8, met(), prefill=0.1),  # drafts may stop early: priced too
                rec("int4@auto", "a", "qa", 0, 10, 0.8, met(), prefill=0.1),  # auto: no single K to price
                rec("ngram@2", "a", "qa", 0, 10, 0.8, met(), prefill=0.1)]  # not in the profile
     s = summarise(records, greedy=False)
     assert s["configs"]["int4@2"]["qa"]["survival"] == pytest.approx([0.8, 0.4])
     assert s["configs"]["int4@2"]["qa"]["reach"] == pytest.approx([1.0, 1.0])
     pred = bench.predictions(s, lat)
-    assert sorted(pred) == ["int4@2", "int4@2+overlap"]
+    assert sorted(pred) == ["int4@2", "int4@2+overlap", "int4@2+p0.75"]
+    assert pred["int4@2+p0.75"]["overall"] == pred["int4@2"]["overall"]  # the same rounds, priced the same
     seq = pred["int4@2"]["overall"]
     # E(2) = 1 + 0.8 + 0.4 = 2.2 tokens per round; sequential: 2 drafts 0.02 s + verify of 3 tokens 0.07 s
     assert seq["predicted"] == pytest.approx(2.2 * 0.05 / 0.09)
@@ -128,7 +130,7 @@ def test_the_cost_model_is_reported_beside_the_measured_speed_up():
     result = bench.BenchResult(command="x", machine={}, settings={}, records=records, summary=s, load_before=(0, 0, 0),
                                load_after=(0, 0, 0), peak_rss_mb=0, wall_s=1, notes=[], latencies=lat)
     md = bench.markdown(result)
-    assert "## Cost model against measured" in md and "Overall within 15%: 1 of 2 configurations." in md
+    assert "## Cost model against measured" in md and "Overall within 15%: 1 of 3 configurations." in md
     # records from before the catch-up was kept: no steady rate, so nothing is predicted rather than a wrong figure
     old = [rec(TARGET_ONLY, "a", "qa", 0, 10, 1.0, m(0, 0, 10, 10, [], [])),
            rec("int4@2", "a", "qa", 0, 10, 0.8, met(catch_up_ms=None), prefill=0.1)]
