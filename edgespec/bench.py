@@ -405,10 +405,10 @@ def profile_latencies(profile, drafters: Sequence[str], threads: tuple[int | Non
 
 
 def predictions(summary: dict, latencies: dict) -> dict[str, dict[str, dict]]:
-    """Per fixed-K configuration ("int4@3", "int4@3+overlap", "int4@3+p0.75") whose drafter the profile measured, per category and
-    overall: the cost model's speed-up over plain decoding from the profile's latencies and this run's own
-    acceptance per position and reach (so only the timing model is tested), beside the measured speed-up of the
-    steady rounds (decode without the draft model's catch-up on the prompt) and their ratio."""
+    """Per fixed-K configuration ("int4@3", "int4@3+overlap", "int4@3+p0.75") whose drafter the profile measured,
+    per category and overall: the cost model's speed-up over plain decoding from the profile's latencies and this
+    run's own acceptance per position and reach (so only the timing model is tested), beside the measured speed-up
+    of the steady rounds (decode without the draft model's catch-up on the prompt) and their ratio."""
     from .costmodel import Latencies, speedup
 
     out: dict[str, dict[str, dict]] = {}
@@ -497,13 +497,13 @@ def markdown(result: BenchResult) -> str:
                       "| auto / best fixed | " + " | ".join(f"{rows[c]['auto_over_best']:.2f}" + ("" if rows[c]["within_best"] else " **!**")
                                                           for c in cols) + " |",
                       "| auto / K = 0 | " + " | ".join(f"{rows[c]['auto_speedup']:.2f}" + ("" if rows[c]["not_below_k0"] else " **!**")
-                                                      for c in cols) + " |", ""]
+                                                      for c in cols) + " |"]
             if runs:
                 each = [auto_vs_fixed(run).get(name, {}) for run in runs]
-                lines.insert(len(lines) - 1, "| auto / best fixed, each run | " + " | ".join(
-                    ", ".join(f"{e[c]['auto_over_best']:.2f}" if c in e else "-" for e in each) for c in cols) + " |")
-                lines.insert(len(lines) - 1, "| run-to-run spread | " + " | ".join(
-                    f"{spread[c]:.0%}" if c in spread else "-" for c in cols) + " |")
+                lines += ["| auto / best fixed, each run | " + " | ".join(
+                              ", ".join(f"{e[c]['auto_over_best']:.2f}" if c in e else "-" for e in each) for c in cols) + " |",
+                          "| run-to-run spread | " + " | ".join(f"{spread[c]:.0%}" if c in spread else "-" for c in cols) + " |"]
+            lines.append("")
             per_cat = [c for c in cols if c != "overall"]
             missed = [c for c in per_cat if not (rows[c]["within_best"] and rows[c]["not_below_k0"])]
             lines.append(f"{name}: {len(per_cat) - len(missed)} of {len(per_cat)} categories meet both targets"
