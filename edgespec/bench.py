@@ -309,6 +309,11 @@ def config_parts(name: str) -> tuple[str, str, str]:
     return drafter, k, plus + tag
 
 
+def _rate(row: dict) -> float:
+    """The rate sweeps compare: decode tokens/s; anchors (transformers' generate) have none: the whole request's."""
+    return row["decode_tokens_per_s"] or row["tokens_per_s"]
+
+
 def auto_vs_fixed(summary: dict) -> dict[str, dict[str, dict]]:
     """Per drafter with an `@auto` run and at least one fixed-K run (same overlap tag), per category and overall:
     the best fixed K (target-only counts as K = 0), auto's speed-up over it and over K = 0, and whether auto meets
@@ -318,9 +323,6 @@ def auto_vs_fixed(summary: dict) -> dict[str, dict[str, dict]]:
     noise: the same prompt's prefill varied 2x between configurations on a busy VM; and with sampling each
     configuration draws answers of other lengths, so a whole-request rate would also weigh prefill differently);
     the draft model's own prefill is paid in decode, so it still counts against drafting."""
-    def rate(row):  # anchors (transformers' generate) have no decode rate: the whole request's
-        return row["decode_tokens_per_s"] or row["tokens_per_s"]
-
     configs = summary["configs"]
     base = configs.get(TARGET_ONLY, {})
     out: dict[str, dict[str, dict]] = {}
@@ -338,11 +340,11 @@ def auto_vs_fixed(summary: dict) -> dict[str, dict[str, dict]]:
         fixed[0] = base
         rows = {}
         for cat, auto_row in configs[name].items():
-            speeds = {k: rate(r[cat]) for k, r in fixed.items() if cat in r}
+            speeds = {k: _rate(r[cat]) for k, r in fixed.items() if cat in r}
             if 0 not in speeds or not speeds[0]:
                 continue
             best_k = max(speeds, key=lambda k: speeds[k])
-            auto = rate(auto_row)
+            auto = _rate(auto_row)
             rows[cat] = {"best_k": best_k, "best_speedup": speeds[best_k] / speeds[0],
                          "auto_speedup": auto / speeds[0], "auto_over_best": auto / speeds[best_k],
                          "within_best": auto >= AUTO_WITHIN_BEST * speeds[best_k],
@@ -369,8 +371,8 @@ def repeat_spread(runs: Sequence[dict]) -> dict[str, float]:
     spreads: dict[str, list[float]] = {}
     for config, rows in runs[0]["configs"].items():
         for cat in rows:
-            cells = [run["configs"].get(config, {}).get(cat, {}) for run in runs]
-            rates = [c.get("decode_tokens_per_s") or c.get("tokens_per_s") for c in cells]
+            cells = [run["configs"].get(config, {}).get(cat) for run in runs]
+            rates = [_rate(c) if c else None for c in cells]
             if all(rates):
                 spreads.setdefault(cat, []).append(max(rates) / min(rates) - 1.0)
     return {cat: statistics.median(v) for cat, v in spreads.items()}
