@@ -294,6 +294,138 @@ def run_bench(configs: Sequence[Config], prompts: Sequence[dict], encode: Callab
                        peak, time.perf_counter() - start)
 
 
+MODEL_DRAFTERS = ("int4", "int8", "torch")
+
+
+def run_bench_for(spec, *, ks: Sequence[int | str], params, prompts: Sequence[dict] | None = None,
+                  categories: Sequence[str] | None = None, quick: bool = False, per_category: int | None = None,
+                  drafters: Sequence[str] | None = None, repeats: int | None = None,
+                  max_new_tokens: int | None = None, anchor_k: int = 4, anchors: bool = True,
+                  p_mins: Sequence[float] | None = None, profile_path: str | None = None,
+                  out_dir: str | Path = "bench-results", command: str | None = None,
+                  progress: bool = True) -> tuple[BenchResult, dict[str, Path]]:
+    """The whole `edgespec bench` run for the models of `spec` (`edgespec.runtime.RuntimeSpec`): load them,
+    run target-only, each drafter (`drafters`, default: the pair's model drafter and n-gram) at each K of `ks`
+    (0 and "auto" included; parse text with `parse_ks`) and, on a torch target, transformers' anchors, then write
+    the JSON, markdown and PNG under `out_dir`. Returns the result and the paths written.
+
+    `prompts`: the prompt set (default: `load_prompts(categories, quick=, per_category=)`); `quick` and
+    `per_category` also name the files and set the defaults of `max_new_tokens` (48 quick, 128) and `repeats`
+    (1 quick, 3). `p_mins`: the --p-min values, a run per value for each K (None: the default's for auto, 0 for a
+    fixed K). `profile_path`: the profile for --k auto and the report's predictions (default: the one matching
+    this machine). `spec.overlap` true also runs each drafter that can draft ahead overlapped."""
+    from .engine import SpeculativeEngine
+    from .loading import load_causal_lm
+    from .policy import DEFAULT_P_MIN, FixedK
+    from .profiling import read_profile
+    from .runtime import build_runtime, extra_drafter, make_policy, matching_profile, select_profile
+    from .session import ChatSession
+
+    ks = list(ks)
+    check_k(anchor_k)
+    p_min_values = list(p_mins) if p_mins else [None]
+    if prompts is None:
+        prompts = load_prompts(categories, quick=quick, per_category=per_category)
+    max_new = max_new_tokens or (48 if quick else 128)
+    repeats = repeats or (1 if quick else 3)
+    wanted = list(drafters) if drafters else None
+    for name in wanted or []:
+        if name not in (*MODEL_DRAFTERS, "ngram"):
+            raise EdgespecError(f"unknown drafter {name!r} in --drafters; use some of int4, int8, torch, ngram")
+    spec = replace(spec)  # the caller's spec stays as given
+    if wanted and spec.draft in (None, *MODEL_DRAFTERS, "ngram", "none"):
+        # load the first model drafter asked for; the n-gram drafter needs no model
+        spec.draft = next((d for d in wanted if d != "ngram"), "none")
+    if "auto" in ks:
+        profile = select_profile(spec, profile_path, params.temperature, choose_drafter=False)
+    else:  # only for the report's predictions: no notice when there is none
+        profile = read_profile(profile_path) if profile_path else matching_profile(spec)
+    rt = build_runtime(spec, progress=None)
+    wanted = wanted or ([rt.drafter_name] if rt.drafter_name not in ("none", "ngram") else []) + ["ngram"]
+    target = rt.engine.target
+    loaded = {}
+    for name in wanted:
+        drafter = extra_drafter(rt, name)
+        if drafter is None:
+            raise EdgespecError(f"drafter {name!r} needs a draft model; give --pair or --draft DIR")
+        loaded[name] = drafter
+    eos = rt.engine.eos_token_ids
+    plain = SpeculativeEngine(target, None, eos_token_ids=eos)
+    rows = target.min_rows  # more than 1 with --exact (`edgespec.lm.exact_rows`)
+
+    def set_rows(n):
+        def setup():
+            target.lm.min_rows = n
+        return setup
+
+    exact_setup = set_rows(rows) if rows > 1 else None
+    # With --exact the speed baseline is still the fastest plain decoding (one row a step); the greedy reference
+    # is the target alone with the exact numerics every speculative configuration runs with.
+    configs = [engine_config(TARGET_ONLY, plain, lambda: FixedK(0), setup=set_rows(1) if rows > 1 else None)]
+    if rows > 1:
+        configs.append(engine_config(TARGET_ONLY_EXACT, plain, lambda: FixedK(0), setup=exact_setup))
+    for name, drafter in loaded.items():
+        modes = [False, True] if spec.overlap and hasattr(drafter, "propose_ahead") else [False]
+        for overlap in modes:
+            engine = SpeculativeEngine(target, drafter, eos_token_ids=eos, overlap=overlap)
+            tag = "+overlap" if overlap else ""
+            for k in ks:
+                if k == 0:
+                    continue
+                if k == "auto":
+                    # one per configuration: it keeps what it learnt across prompts. Each --p-min value is a run of
+                    # its own (named +pP unless it is the default's value).
+                    for p_min in p_min_values:
+                        policy = make_policy("auto", profile, name, params.temperature, overlap=overlap, p_min=p_min)
+                        ptag = "" if p_min is None or p_min == DEFAULT_P_MIN else f"+p{p_min:g}"
+                        configs.append(engine_config(f"{name}@auto{tag}{ptag}", engine, lambda p=policy: p,
+                                                     setup=exact_setup))
+                else:  # a fixed K drafts K (p_min 0) unless --p-min names values: then one run per value
+                    for p_min in p_min_values if p_mins else [0.0]:
+                        ptag = f"+p{p_min:g}" if p_min else ""
+                        configs.append(engine_config(f"{name}@{k}{tag}{ptag}", engine,
+                                                     lambda k=k, p=p_min: FixedK(k, p_min=p), setup=exact_setup))
+    notes = []
+    if anchors:
+        if rt.target_backend == "torch":
+            model = target.lm.model
+            draft_dir = rt.draft_hf_dir or rt.target_hf_dir
+            assistant = load_causal_lm(draft_dir, dtype=spec.dtype) if draft_dir != rt.target_hf_dir else model
+            configs.append(hf_config("hf-assisted", model, rt.tokenizer, assistant_model=assistant))
+            configs.append(hf_config(f"hf-assisted@{anchor_k}", model, rt.tokenizer, assistant_model=assistant,
+                                     num_assistant_tokens=anchor_k, num_assistant_tokens_schedule="constant",
+                                     assistant_confidence_threshold=0.0))
+            configs.append(hf_config(f"hf-prompt-lookup@{anchor_k}", model, rt.tokenizer,
+                                     prompt_lookup_num_tokens=anchor_k))
+        else:
+            notes.append("transformers anchors need the torch target backend (--target-backend torch); skipped")
+    session = ChatSession(rt.engine, rt.tokenizer)
+    settings = {"pair": rt.pair or spec.target, "target": rt.target_description, "draft": rt.draft_description,
+                "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
+                "greedy": params.greedy, "max_new_tokens": max_new, "repeats": repeats, "prompts": len(prompts),
+                "ks": ks, "exact": rows > 1,
+                "title": f"{rt.pair or 'custom'} / {rt.target_backend} target / T={params.temperature}"}
+    threads = (spec.threads, spec.draft_threads or spec.threads)  # what --threads/--draft-threads or --overlap set
+    if threads != (None, None):
+        settings["threads"] = {"target": threads[0], "draft": threads[1]}
+    result = run_bench(configs, prompts, session.encode, params=params, max_new_tokens=max_new, repeats=repeats,
+                       progress=progress, command=command_line() if command is None else command,
+                       machine=machine_description(), settings=settings)
+    result.notes.extend(notes)
+    if profile is not None:
+        result.latencies = profile_latencies(profile, list(loaded), threads)
+    if rows > 1 and params.greedy:
+        outs = {(r.config, r.prompt_id): r.token_ids for r in result.records if r.repeat == 0}
+        differ = sum(outs[(TARGET_ONLY, p["id"])] != outs[(TARGET_ONLY_EXACT, p["id"])] for p in prompts)
+        result.notes.append(f"--exact: the greedy reference is {TARGET_ONLY_EXACT} (steps run as {rows} rows at least"
+                            f"{', over a fixed-length cache' if rt.target_backend == 'torch' else ''}); "
+                            f"plain {TARGET_ONLY} (one row a step, the speed baseline) gives different output on "
+                            f"{differ} of {len(prompts)} prompts: the kernels' rounding, not speculation")
+    stem = f"{rt.pair or 'custom'}-{rt.target_backend}-t{params.temperature:g}" + ("-quick" if quick else "")
+    stem += f"-n{per_category}" if per_category and not quick else ""
+    return result, write_outputs(result, Path(out_dir), stem)
+
+
 # ---------------------------------------------------------------------------------------------- report
 
 # The profile issue's targets for --k auto against a fixed-K sweep.
@@ -603,6 +735,21 @@ def load_result(path: Path) -> BenchResult:
                             "file an `edgespec bench` run wrote") from None
     result.summary = summarise(result.records, greedy=result.settings.get("greedy", False))
     return result
+
+
+def rerender(path: str | Path, profile_path: str | Path | None = None) -> tuple[BenchResult, dict[str, Path]]:
+    """`edgespec bench --report`: an earlier run's JSON re-rendered, with nothing run, as its JSON, markdown
+    and PNG beside it (the same stem). With `profile_path` the report's predictions come from that profile's
+    latencies (for the drafters the run used, on the run's threads); without, from the ones the JSON kept."""
+    from .profiling import read_profile
+
+    result = load_result(Path(path))
+    if profile_path:
+        drafters = {config_parts(c)[0] for c in result.summary["configs"] if "@" in c}
+        threads = result.settings.get("threads") or {}
+        result.latencies = profile_latencies(read_profile(profile_path), sorted(drafters),
+                                             (threads.get("target"), threads.get("draft")))
+    return result, write_outputs(result, Path(path).parent, Path(path).stem)
 
 
 def command_line() -> str:

@@ -181,146 +181,32 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from . import bench
-    from .engine import SpeculativeEngine
-    from .loading import load_causal_lm
-    from .policy import DEFAULT_P_MIN, FixedK, check_k, parse_p_min
-    from .profiling import read_profile
-    from .runtime import (
-        build_runtime,
-        extra_drafter,
-        make_policy,
-        matching_profile,
-        select_profile,
-    )
+    from .policy import check_k, parse_p_min
     from .sampling import SamplingParams
 
     if args.report:
         return rerender_bench(args.report, args.profile)
     ks = bench.parse_ks("3,auto" if args.quick and args.k == "0,2,4,6,8,auto" else args.k)
     check_k(args.anchor_k)
-    p_mins = parse_p_min(args.p_min, many=True) or [None]
+    p_mins = parse_p_min(args.p_min, many=True)
     categories = args.categories.split(",") if args.categories else None
     prompts = bench.load_prompts(categories, quick=args.quick, per_category=args.per_category)
-    max_new = args.max_new_tokens or (48 if args.quick else 128)
-    repeats = args.repeats or (1 if args.quick else 3)
     params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-    wanted = args.drafters.split(",") if args.drafters else None
-    for name in wanted or []:
-        if name not in ("int4", "int8", "torch", "ngram"):
-            raise EdgespecError(f"unknown drafter {name!r} in --drafters; use some of int4, int8, torch, ngram")
-    spec = runtime_spec(args)
-    if wanted and spec.draft in (None, "int4", "int8", "torch", "ngram", "none"):
-        # load the first model drafter asked for; the n-gram drafter needs no model
-        spec.draft = next((d for d in wanted if d != "ngram"), "none")
-    if "auto" in ks:
-        profile = select_profile(spec, args.profile, args.temperature, choose_drafter=False)
-    else:  # only for the report's predictions: no notice when there is none
-        profile = read_profile(args.profile) if args.profile else matching_profile(spec)
-    rt = build_runtime(spec, progress=None)
-    wanted = wanted or ([rt.drafter_name] if rt.drafter_name not in ("none", "ngram") else []) + ["ngram"]
-    target = rt.engine.target
-    drafters = {}
-    for name in wanted:
-        drafter = extra_drafter(rt, name)
-        if drafter is None:
-            raise EdgespecError(f"drafter {name!r} needs a draft model; give --pair or --draft DIR")
-        drafters[name] = drafter
-    eos = rt.engine.eos_token_ids
-    plain = SpeculativeEngine(target, None, eos_token_ids=eos)
-    rows = target.min_rows  # more than 1 with --exact (`edgespec.lm.exact_rows`)
-
-    def set_rows(n):
-        def setup():
-            target.lm.min_rows = n
-        return setup
-
-    exact_setup = set_rows(rows) if rows > 1 else None
-    # With --exact the speed baseline is still the fastest plain decoding (one row a step); the greedy reference
-    # is the target alone with the exact numerics every speculative configuration runs with.
-    configs = [bench.engine_config(bench.TARGET_ONLY, plain, lambda: FixedK(0), setup=set_rows(1) if rows > 1 else None)]
-    if rows > 1:
-        configs.append(bench.engine_config(bench.TARGET_ONLY_EXACT, plain, lambda: FixedK(0), setup=exact_setup))
-    for name, drafter in drafters.items():
-        modes = [False, True] if args.overlap and hasattr(drafter, "propose_ahead") else [False]
-        for overlap in modes:
-            engine = SpeculativeEngine(target, drafter, eos_token_ids=eos, overlap=overlap)
-            tag = "+overlap" if overlap else ""
-            for k in ks:
-                if k == 0:
-                    continue
-                if k == "auto":
-                    # one per configuration: it keeps what it learnt across prompts. Each --p-min value is a run of
-                    # its own (named +pP unless it is the default's value).
-                    for p_min in p_mins:
-                        policy = make_policy("auto", profile, name, args.temperature, overlap=overlap, p_min=p_min)
-                        ptag = "" if p_min is None or p_min == DEFAULT_P_MIN else f"+p{p_min:g}"
-                        configs.append(bench.engine_config(f"{name}@auto{tag}{ptag}", engine, lambda p=policy: p,
-                                                           setup=exact_setup))
-                else:  # a fixed K drafts K (p_min 0) unless --p-min names values: then one run per value
-                    for p_min in p_mins if args.p_min is not None else [0.0]:
-                        ptag = f"+p{p_min:g}" if p_min else ""
-                        configs.append(bench.engine_config(f"{name}@{k}{tag}{ptag}", engine,
-                                                           lambda k=k, p=p_min: FixedK(k, p_min=p), setup=exact_setup))
-    notes = []
-    if not args.no_anchors:
-        if rt.target_backend == "torch":
-            model = target.lm.model
-            draft_dir = rt.draft_hf_dir or rt.target_hf_dir
-            assistant = load_causal_lm(draft_dir, dtype=args.dtype) if draft_dir != rt.target_hf_dir else model
-            configs.append(bench.hf_config("hf-assisted", model, rt.tokenizer, assistant_model=assistant))
-            configs.append(bench.hf_config(f"hf-assisted@{args.anchor_k}", model, rt.tokenizer, assistant_model=assistant,
-                                           num_assistant_tokens=args.anchor_k, num_assistant_tokens_schedule="constant",
-                                           assistant_confidence_threshold=0.0))
-            configs.append(bench.hf_config(f"hf-prompt-lookup@{args.anchor_k}", model, rt.tokenizer,
-                                           prompt_lookup_num_tokens=args.anchor_k))
-        else:
-            notes.append("transformers anchors need the torch target backend (--target-backend torch); skipped")
-    from .session import ChatSession
-
-    session = ChatSession(rt.engine, rt.tokenizer)
-    settings = {"pair": rt.pair or args.target, "target": rt.target_description, "draft": rt.draft_description,
-                "temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "greedy": params.greedy,
-                "max_new_tokens": max_new, "repeats": repeats, "prompts": len(prompts), "ks": ks, "exact": rows > 1,
-                "title": f"{rt.pair or 'custom'} / {rt.target_backend} target / T={args.temperature}"}
-    threads = (spec.threads, spec.draft_threads or spec.threads)  # what --threads/--draft-threads or --overlap set
-    if threads != (None, None):
-        settings["threads"] = {"target": threads[0], "draft": threads[1]}
-    result = bench.run_bench(configs, prompts, session.encode, params=params, max_new_tokens=max_new, repeats=repeats,
-                             command=bench.command_line(), machine=bench.machine_description(), settings=settings)
-    result.notes.extend(notes)
-    if profile is not None:
-        result.latencies = bench.profile_latencies(profile, list(drafters), threads)
-    if rows > 1 and params.greedy:
-        outs = {(r.config, r.prompt_id): r.token_ids for r in result.records if r.repeat == 0}
-        differ = sum(outs[(bench.TARGET_ONLY, p["id"])] != outs[(bench.TARGET_ONLY_EXACT, p["id"])] for p in prompts)
-        result.notes.append(f"--exact: the greedy reference is {bench.TARGET_ONLY_EXACT} (steps run as {rows} rows at least"
-                            f"{', over a fixed-length cache' if rt.target_backend == 'torch' else ''}); "
-                            f"plain {bench.TARGET_ONLY} (one row a step, the speed baseline) gives different output on "
-                            f"{differ} of {len(prompts)} prompts: the kernels' rounding, not speculation")
-    stem = f"{rt.pair or 'custom'}-{rt.target_backend}-t{args.temperature:g}" + ("-quick" if args.quick else "")
-    stem += f"-n{args.per_category}" if args.per_category and not args.quick else ""
-    paths = bench.write_outputs(result, Path(args.out), stem)
+    result, paths = bench.run_bench_for(
+        runtime_spec(args), ks=ks, params=params, prompts=prompts, quick=args.quick, per_category=args.per_category,
+        drafters=args.drafters.split(",") if args.drafters else None, repeats=args.repeats,
+        max_new_tokens=args.max_new_tokens, anchor_k=args.anchor_k, anchors=not args.no_anchors, p_mins=p_mins,
+        profile_path=args.profile, out_dir=args.out, command=bench.command_line())
     print(bench.markdown(result))
     print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
     return 1 if result.summary["mismatches"] else 0
 
 
 def rerender_bench(path: str, profile_path: str | None) -> int:
-    from pathlib import Path
-
     from . import bench
-    from .profiling import read_profile
 
-    result = bench.load_result(Path(path))
-    if profile_path:
-        drafters = {bench.config_parts(c)[0] for c in result.summary["configs"] if "@" in c}
-        threads = result.settings.get("threads") or {}
-        result.latencies = bench.profile_latencies(read_profile(profile_path), sorted(drafters),
-                                                   (threads.get("target"), threads.get("draft")))
-    paths = bench.write_outputs(result, Path(path).parent, Path(path).stem)
+    result, paths = bench.rerender(path, profile_path)
     print(bench.markdown(result))
     print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
     return 0
