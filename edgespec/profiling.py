@@ -482,34 +482,175 @@ def write_profile(data: dict, path: Path) -> Path:
 
 
 def read_profile(path: Path) -> Profile:
-    """A profile file, checked; a one-line EdgespecError when it is unreadable or malformed."""
+    """A profile file, checked field by field (`check_profile`); a one-line EdgespecError naming the file and
+    the field when it is unreadable or malformed."""
     try:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10
         import tomli as tomllib
     try:
-        data = tomllib.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-        raise EdgespecError(f"profile {path} cannot be read ({str(err).splitlines()[0][:120]}); run `edgespec profile` again") from err
+        data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
+        reason = (str(err).splitlines() or [type(err).__name__])[0][:120]
+        raise EdgespecError(f"profile {path} cannot be read ({reason}); run `edgespec profile` again") from err
     try:
-        if data.get("schema") != SCHEMA:
-            raise KeyError("schema")
-        data["pair"]["name"], data["machine"]["key"]
-        for band in BANDS:
-            data["choice"][band]["k"]
-        prof = Profile(data, Path(path))
-        for name in data["drafters"]:
-            for what, lat in (("latency", prof.latencies(name)), ("overlap latency", prof.overlap_latencies(name))):
-                if lat is not None and any(not isinstance(t, (int, float)) or t < 0 for t in [*lat.draft, *lat.verify]):
-                    raise KeyError(what)
+        check_profile(data)
+    except BadField as err:
+        raise EdgespecError(f"profile {path} is malformed: {err}; run `edgespec profile` again") from None
+    return Profile(data, Path(path))
+
+
+class BadField(Exception):
+    """A profile field that is missing or out of range: its dotted name, and what is wrong with it."""
+
+
+def check_profile(data) -> None:
+    """Raise BadField for the first field of a profile that the runtime would misread: the schema, the tables it
+    looks up (machine, pair, latency, drafters, choice, and overlap where present), every temperature band
+    (`BANDS`) in acceptance, reach and choice, latencies that are finite and not negative (a target's time for
+    one token above 0) with enough entries for K = 1, acceptance and reach in [0, 1], and a choice of a
+    drafter the profile measured with K in range. A NaN latency used to load and yield K = 4."""
+    from .policy import MAX_K
+
+    if not isinstance(data, dict):
+        raise BadField("the file is not a table")
+    if data.get("schema") != SCHEMA:
+        raise BadField(f"schema is {data.get('schema')!r}, but this edgespec reads schema {SCHEMA}")
+    machine, pair = _table(data, "machine"), _table(data, "pair")
+    for key in ("key", "cpu_model", "gpu"):
+        _text(machine, key, "machine")
+    for key in ("name", "target_backend", "target"):
+        _text(pair, key, "pair")
+    verify = _table(_table(data, "latency"), "verify", "latency")
+    if not verify:
+        raise BadField("latency.verify has no context lengths")
+    for ctx, row in verify.items():
+        _context(ctx, "latency.verify")
+        _latencies(row, f"latency.verify.{ctx}", "latency", 3, positive_from=1)
+    _optional_number(data["latency"], "prefill_ms", "latency", "latency")
+    drafters = _table(data, "drafters")
+    for name, d in drafters.items():
+        where = f"drafters.{name}"
+        if not isinstance(d, dict):
+            raise BadField(f"{where} must be a table")
+        propose = _table(d, "propose", where)
+        for ctx in verify:
+            if ctx not in propose:
+                raise BadField(f"{where}.propose.{ctx} is missing (latency.verify has that context length)")
+        for ctx, row in propose.items():
+            _context(ctx, f"{where}.propose")
+            _latencies(row, f"{where}.propose.{ctx}", "latency", 2)
+        for what in ("acceptance", "reach"):
+            if what == "reach" and "reach" not in d:
+                continue  # profiles written before reach was measured: always reaches
+            bands = _table(d, what, where)
             for band in BANDS:
-                if not all(0 <= a <= 1 for a in prof.survival(name, band)):
-                    raise KeyError("acceptance")
-                if not all(0 <= r <= 1 for r in prof.reach(name, band) or []):
-                    raise KeyError("reach")
-    except (KeyError, TypeError, IndexError, ValueError) as err:
-        raise EdgespecError(f"profile {path} is malformed (bad or missing {err}); run `edgespec profile` again") from err
-    return prof
+                _probabilities(bands, band, f"{where}.{what}", what)
+        for band, value in (_table(d, "p_min", where) if "p_min" in d else {}).items():
+            _number(value, f"{where}.p_min.{band}", "p_min", high=1.0)
+        for ctx, value in (_table(d, "catch_up_ms_per_token", where) if "catch_up_ms_per_token" in d else {}).items():
+            _context(ctx, f"{where}.catch_up_ms_per_token")
+            _number(value, f"{where}.catch_up_ms_per_token.{ctx}", "latency")
+        if "predicted" in d:
+            predicted = _table(d, "predicted", where)
+            for band in BANDS:
+                _latencies(predicted.get(band), f"{where}.predicted.{band}", "speed-up", 1)
+    choice = _table(data, "choice")
+    for band in BANDS:
+        c = _table(choice, band, "choice")
+        where = f"choice.{band}"
+        name = _text(c, "drafter", where)
+        if name != "none" and name not in drafters:
+            raise BadField(f"{where}.drafter is {name!r}, which the profile did not measure")
+        k = c.get("k")
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_K:
+            raise BadField(f"{where}.k is {k!r}; it must be an integer from 0 to {MAX_K}")
+        _number(c.get("speedup"), f"{where}.speedup", "speed-up")
+        for key in ("request_speedup", "overlap_speedup", "overlap_request_speedup", "sequential_speedup"):
+            _optional_number(c, key, where, "speed-up")
+        if "overlap" in c and not isinstance(c["overlap"], bool):
+            raise BadField(f"{where}.overlap is {c['overlap']!r}; it must be true or false")
+        if c.get("overlap") and "request_speedup" not in c:
+            raise BadField(f"{where}.request_speedup is missing (the choice is overlapped)")
+        for key in ("threads", "draft_threads"):
+            _optional_threads(c, key, where)
+    if "overlap" in data:
+        ov = _table(data, "overlap")
+        _optional_threads(ov, "threads", "overlap")
+        if "draft_threads" not in ov:
+            raise BadField("overlap.draft_threads is missing")
+        _optional_threads(ov, "draft_threads", "overlap")
+        _latencies(ov.get("verify"), "overlap.verify", "overlap latency", 3, positive_from=1)
+        for name, d in (_table(ov, "drafters", "overlap") if "drafters" in ov else {}).items():
+            if not isinstance(d, dict):
+                raise BadField(f"overlap.drafters.{name} must be a table")
+            _latencies(d.get("propose"), f"overlap.drafters.{name}.propose", "overlap latency", 2)
+            _optional_number(d, "prefill_ms", f"overlap.drafters.{name}", "overlap latency")
+
+
+def _table(parent: dict, key: str, where: str = "") -> dict:
+    name = f"{where}.{key}" if where else key
+    if key not in parent:
+        raise BadField(f"[{name}] is missing")
+    if not isinstance(parent[key], dict):
+        raise BadField(f"{name} must be a table, not {type(parent[key]).__name__}")
+    return parent[key]
+
+
+def _text(parent: dict, key: str, where: str) -> str:
+    value = parent.get(key)
+    if not isinstance(value, str) or not value:
+        raise BadField(f"{where}.{key} is {'missing' if value is None else repr(value)}; it must be a non-empty string")
+    return value
+
+
+def _context(ctx, where: str) -> None:
+    if not (isinstance(ctx, str) and ctx.isdigit()):
+        raise BadField(f"{where} has the key {ctx!r}; context lengths must be whole numbers of tokens")
+
+
+def _number(value, where: str, what: str, *, high: float | None = None, positive: bool = False) -> float:
+    """A finite number from 0 (above 0 with `positive`) up to `high`."""
+    bound = f"from 0 to {high:g}" if high is not None else ("above 0" if positive else "0 or more")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        got = "missing" if value is None else f"{value!r} ({type(value).__name__})"
+        raise BadField(f"{where} is {got}; a {what} must be a finite number {bound}")
+    if value != value or value in (float("inf"), float("-inf")) or value < 0 or (positive and value == 0) \
+            or (high is not None and value > high):
+        raise BadField(f"{where} is {value!r}; a {what} must be a finite number {bound}")
+    return value
+
+
+def _optional_number(parent: dict, key: str, where: str, what: str) -> None:
+    if key in parent:
+        _number(parent[key], f"{where}.{key}", what)
+
+
+def _latencies(row, where: str, what: str, min_len: int, *, positive_from: int | None = None) -> None:
+    """A list of at least `min_len` finite numbers, 0 or more (above 0 from index `positive_from` on)."""
+    if not isinstance(row, list):
+        got = "missing" if row is None else f"a {type(row).__name__}"
+        raise BadField(f"{where} is {got}; it must be a list of numbers")
+    if len(row) < min_len:
+        raise BadField(f"{where} has {len(row)} entries; it needs at least {min_len}")
+    for i, t in enumerate(row):
+        _number(t, f"{where}[{i}]", what, positive=positive_from is not None and i == positive_from)
+
+
+def _probabilities(bands: dict, band: str, where: str, what: str) -> None:
+    row = bands.get(band)
+    if row is None:
+        raise BadField(f"{where}.{band} is missing (every temperature band must be measured: {', '.join(BANDS)})")
+    if not isinstance(row, list) or not row:
+        raise BadField(f"{where}.{band} must be a non-empty list of probabilities")
+    for i, a in enumerate(row):
+        _number(a, f"{where}.{band}[{i}]", what, high=1.0)
+
+
+def _optional_threads(parent: dict, key: str, where: str) -> None:
+    value = parent.get(key)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise BadField(f"{where}.{key} is {value!r}; a thread count must be a whole number, 1 or more")
 
 
 def profile_dirs() -> list[Path]:
