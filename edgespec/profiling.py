@@ -19,6 +19,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -828,7 +829,205 @@ def default_path(data: dict) -> Path:
     return PROFILES_DIR / ("-".join(p for p in parts if p) + ".toml")
 
 
-def progress_bar(total: int):
+def progress_bar(total: int, *, enabled: bool = True):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="profile", unit="step", file=sys.stderr)
+    return tqdm(total=total, desc="profile", unit="step", file=sys.stderr, disable=not enabled)
+
+
+# ---------------------------------------------------------------------------------------------- the procedure
+
+
+def profile_listing(hw: dict) -> str:
+    """`edgespec profile --show`: each profile found (`list_profiles`), whether it applies to the machine `hw`
+    (`edgespec.hardware.describe().to_dict()`) and what it chose, then this machine's key."""
+    here = machine_key(hw)
+    found = list_profiles()
+    lines = [] if found else ["no profiles yet; run `edgespec profile --pair PAIR`"]
+    for path, prof, err in found:
+        if prof is None:
+            lines.append(f"{path}: {err}")
+            continue
+        d = prof.data
+        mark = "applies here" if d["machine"]["key"] == here else "other machine"
+        choice = ", ".join(f"{b}: {c['drafter']} K={c['k']} ({c['speedup']:.2f}x{', overlapped' * bool(c.get('overlap'))})"
+                           for b, c in d["choice"].items())
+        lines.append(f"{path}  [{mark}]  pair {d['pair']['name']}, target {d['pair']['target']} on "
+                     f"{d['machine']['cpu_model']} / {d['machine']['gpu']}; {choice}")
+    lines.append(f"this machine: {here}")
+    return "\n".join(lines)
+
+
+def run_profile(spec, *, k_max: int = 8, quick: bool = False, p_min_candidates: Sequence[float] | None = None,
+                out: str | Path | None = None, hw: dict | None = None, command: str | None = None,
+                progress: bool = True, notice: Callable[[str], None] | None = None) -> tuple[dict, Path]:
+    """The whole `edgespec profile` for the models of `spec` (`edgespec.runtime.RuntimeSpec`): the target's verify
+    latencies at a few context lengths, each drafter's (the pair's model drafters and n-gram) propose and catch-up
+    latencies and acceptance per temperature band (a model drafter also at each of `p_min_candidates`, default
+    P_MIN_CANDIDATES), and, unless `spec.overlap` is False, the same models with the cores split as --overlap
+    runs them; then the predictions and choices (`predict`). Writes the profile to `out` (default `default_path`)
+    and its chart beside it; returns the profile's data and path.
+
+    `quick`: fewer repeats, one context length, three calibration prompts. `hw`: this machine as
+    `edgespec.hardware.describe().to_dict()` (default: described now). `command`: the command line recorded
+    (default: this process's arguments). `progress`: the loading lines and progress bar on stderr. `notice`: where
+    a one-line remark goes (default stderr)."""
+    import dataclasses
+    import gc
+
+    from .bench import load_prompts
+    from .engine import SpeculativeEngine
+    from .policy import check_k
+    from .runtime import DRAFTERS, build_runtime, extra_drafter, overlap_threads
+    from .session import ChatSession
+
+    if hw is None:
+        from .hardware import describe
+
+        hw = describe().to_dict()
+    if notice is None:
+        def notice(msg: str) -> None:
+            print(msg, file=sys.stderr)
+    k_max = check_k(k_max)
+    # p_min_candidates: the values to measure a model drafter's acceptance at besides 0 (the profile keeps the fastest)
+    p_min_candidates = list(p_min_candidates) if p_min_candidates else list(P_MIN_CANDIDATES)
+    if spec.exact:
+        raise EdgespecError("edgespec profile measures the target's plain one-row steps, which --k auto compares "
+                            "against also under --exact; drop --exact")
+    measure_split = spec.overlap is not False
+    # the pair's model drafters are measured; n-gram needs no model and is always measured.
+    # Sequential latencies with every core; --overlap/--no-overlap: whether to measure the split.
+    spec = dataclasses.replace(spec, draft=None if spec.draft == "ngram" else spec.draft, overlap=False)
+    rt = build_runtime(spec, progress=None if progress else (lambda _msg: None))
+    session = ChatSession(rt.engine, rt.tokenizer)
+    prompts = load_prompts(list(CALIBRATION_CATEGORIES), quick=True)  # one prompt per category
+    if quick:
+        prompts = prompts[:3]
+    calib = [session.encode(p["messages"]) for p in prompts]
+    filler = [t for ids in calib for t in ids]
+    contexts = [256] if quick else [128, 512]
+    contexts = [c for c in contexts if c + k_max + 2 < rt.engine.target.max_context]
+    repeats = 5 if quick else 9
+    max_new = 32 if quick else 64
+    names = [rt.drafter_name] if rt.drafter_name not in ("ngram", "none") else []
+    if rt.pair:
+        from .models import load_manifest
+
+        names += [d for d in load_manifest(rt.pair).default_drafters if d not in names and d != "ngram"]
+    drafters = {n: d for n in [*names, "ngram"] if (d := extra_drafter(rt, n)) is not None}
+    model_drafters = [n for n, d in drafters.items() if hasattr(d, "propose_ahead")]  # those that can overlap
+    split = None
+    if measure_split and model_drafters:
+        from .hardware import check_device
+
+        split = overlap_threads(check_device(spec.target_device))  # the split --overlap runs with
+        if split is None:
+            notice("one usable core: overlapped drafting is not measured (there is nothing to split)")
+    # a model drafter also at each p_min candidate (an n-gram lookup has no confidence to stop on)
+    p_mins = {n: [0.0, *(p for p in p_min_candidates if p > 0)] if hasattr(d, "stop_ids") else [0.0]
+              for n, d in drafters.items()}
+    bar = progress_bar(len(contexts) * (1 + len(drafters)) + sum(map(len, p_mins.values())) * len(BANDS)
+                       + (1 + len(model_drafters) if split else 0), enabled=progress)
+    target = rt.engine.target
+    verify, spread = {}, {}
+    propose = {name: {} for name in drafters}
+    catch_up = {name: {} for name in drafters}
+    for ctx in contexts:
+        ids = (filler * (ctx // max(len(filler), 1) + 1))[:ctx]
+        verify[str(ctx)], spread[str(ctx)] = measure_verify(target, ids, range(1, k_max + 2), repeats)
+        bar.update(1)
+        for name, drafter in drafters.items():
+            propose[name][str(ctx)] = measure_propose(drafter, ids, k_max, repeats)
+            if ctx == contexts[-1]:  # the prefill is priced from the longest context only (Profile.catch_up_ms)
+                catch_up[name][str(ctx)] = measure_catch_up(drafter, ids, repeats)
+            bar.update(1)
+    # The target's prefill of a typical prompt on every core: what an overlapped request, with the target on
+    # fewer cores, pays more before its first token.
+    typical = round(sum(map(len, calib)) / len(calib))
+    prompt_ids = (filler * (typical // max(len(filler), 1) + 1))[:max(typical, 2)]
+    prefill_ms = measure_prefill(target, prompt_ids, repeats) if split else None
+    acceptance = {name: {} for name in drafters}
+    reach = {name: {} for name in drafters}
+    by_p_min = {name: {} for name in drafters}
+    for name, drafter in drafters.items():
+        engine = SpeculativeEngine(target, drafter, eos_token_ids=rt.engine.eos_token_ids)
+        for p_min in p_mins[name]:
+            variant = by_p_min[name].setdefault(f"{p_min:g}", {"acceptance": {}, "reach": {}})
+            for band, temperature in BANDS.items():
+                variant["acceptance"][band], variant["reach"][band] = measure_acceptance(
+                    engine, calib, k_max, temperature, max_new, p_min=p_min)
+                bar.update(1)
+        acceptance[name], reach[name] = dict(by_p_min[name]["0"]["acceptance"]), dict(by_p_min[name]["0"]["reach"])
+    descriptions = {name: getattr(d, "description", name) for name, d in drafters.items()}
+    pair = {"name": rt.pair or Path(spec.target or "custom").name, "target": rt.target_description,
+            "target_backend": rt.target_backend, "draft": rt.draft_description or "none"}
+    overlap = None
+    if split:
+        # The same models again with the cores split as --overlap runs them, at the middle context length (the
+        # one the cost model reads). The first runtime goes first, so a small board never holds both.
+        mid = sorted(contexts)[len(contexts) // 2]
+        ids = (filler * (mid // max(len(filler), 1) + 1))[:mid]
+        del rt, session, target, drafters, drafter, engine
+        gc.collect()
+        draft = spec.draft if spec.draft not in (None, *DRAFTERS) else model_drafters[0]  # a path stays
+        split_spec = dataclasses.replace(spec, threads=split[0], draft_threads=split[1], overlap=True, draft=draft)
+        rt = build_runtime(split_spec, progress=lambda _msg: None)
+        # Each model is timed while the other works beside it, as overlapped rounds run them.
+        with running_beside(drafting(rt.engine.drafter, ids)):
+            split_verify, split_spread = measure_verify(rt.engine.target, ids, range(1, k_max + 2), repeats)
+        bar.update(1)
+        overlap = {"threads": split[0], "draft_threads": split[1], "context": mid, "verify": split_verify,
+                   "verify_spread": split_spread, "concurrent": True, "drafters": {}}
+        if split[0] is None:
+            del overlap["threads"]  # the target on the GPU: torch's own threads
+        for name in model_drafters:
+            drafter = extra_drafter(rt, name)
+            with running_beside(verifying(rt.engine.target, ids)):
+                propose_split = measure_propose(drafter, ids, k_max, repeats)
+            overlap["drafters"][name] = {
+                "propose": propose_split,
+                "prefill_ms": measure_prefill(rt.engine.target, prompt_ids, repeats, drafter=drafter)}
+            bar.update(1)
+    bar.close()
+    gpus = [d["name"] for d in hw.get("cuda_devices", [])]
+    data = {
+        "schema": SCHEMA,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "command": "edgespec " + " ".join(sys.argv[1:]) if command is None else command,
+        "machine": {"key": machine_key(hw), "cpu_model": hw.get("cpu_model"),
+                    "cpu_flags": [f for f, on in (hw.get("cpu_flags") or {}).items() if on],
+                    "cores_logical": hw.get("cores_logical"), "cores_usable": hw.get("cores_usable"),
+                    "memory_gib": round((hw.get("memory_total") or 0) / 2**30, 1), "gpu": ", ".join(gpus) or "none",
+                    "torch": hw.get("torch"), "onnxruntime": hw.get("onnxruntime"), "transformers": hw.get("transformers"),
+                    "load_average": list(os.getloadavg())},
+        "pair": pair,
+        "settings": {"k_max": k_max, "repeats": repeats, "calibration_prompts": [p["id"] for p in prompts],
+                     "max_new_tokens": max_new, "bands": BANDS,
+                     "typical_prompt_tokens": typical,
+                     "request_tokens": REQUEST_TOKENS},
+        "latency": {"unit": "ms", "contexts": contexts, "verify": verify, "verify_spread": spread,
+                    **({"prefill_ms": prefill_ms, "prefill_tokens": len(prompt_ids)} if prefill_ms is not None else {})},
+        "drafters": {name: {"description": descriptions[name], "propose": propose[name],
+                            "catch_up_ms_per_token": catch_up[name],
+                            "acceptance": acceptance[name], "reach": reach[name],
+                            **({"by_p_min": by_p_min[name]} if len(by_p_min[name]) > 1 else {})}
+                      for name in descriptions},
+    }
+    if overlap:
+        data["overlap"] = overlap
+    predict(data, k_max)
+    path = Path(out) if out else default_path(data)
+    write_profile(data, path)
+    chart(data, path.with_suffix(".png"))
+    return data, path
+
+
+def terminal_report(data: dict) -> str:
+    """What `edgespec profile` prints when done: the table, then per temperature band the predicted speed-up by K
+    with the drafter it chose (the first measured where it chose none)."""
+    parts = [table(data)]
+    for band in BANDS:
+        c = data["choice"][band]
+        name = c["drafter"] if c["drafter"] != "none" else next(iter(data["drafters"]))
+        parts.append(f"\n{band}: predicted speed-up by K with {name}\n" + terminal_plot(data["drafters"][name]["predicted"][band]))
+    return "\n".join(parts)
