@@ -296,3 +296,45 @@ def test_with_repeats_the_sweep_shows_each_run_and_the_run_to_run_spread():
     md = bench.markdown(result)
     assert "| auto / best fixed, each run | 0.95, 1.00 | 0.95, 1.00 |" in md
     assert "| run-to-run spread | 20% | 20% |" in md
+
+
+def test_run_bench_for_runs_and_writes_a_report_from_python(tiny_checkpoints, tmp_path):
+    """The bench procedure without the command line (as a server or the Python API calls it): explicit
+    parameters, the result and the paths written back, the caller's spec left as given."""
+    from edgespec.runtime import RuntimeSpec
+    from edgespec.sampling import SamplingParams
+
+    spec = RuntimeSpec(target=str(tiny_checkpoints["target"]), target_backend="torch")
+    result, paths = bench.run_bench_for(spec, ks=[0, 2], params=SamplingParams(), categories=["code"], per_category=1,
+                                        drafters=["ngram"], repeats=1, max_new_tokens=6, anchors=False,
+                                        out_dir=tmp_path, command="from python", progress=False)
+    assert spec.draft is None  # the run loaded no draft model for the n-gram drafter, on a copy of the spec
+    assert set(result.summary["configs"]) == {TARGET_ONLY, "ngram@2"}
+    assert result.command == "from python" and result.settings["max_new_tokens"] == 6
+    assert [r.prompt_id for r in result.records if r.config == TARGET_ONLY] == ["code-01"]
+    assert result.summary["mismatches"] == []
+    assert {k: p.name for k, p in paths.items()} == {k: f"custom-torch-t0-n1.{k}" for k in ("json", "md", "png")}
+    assert paths["md"].read_text() == bench.markdown(result)
+    with pytest.raises(EdgespecError, match="unknown drafter 'magic'"):
+        bench.run_bench_for(spec, ks=[2], params=SamplingParams(), drafters=["magic"], out_dir=tmp_path)
+
+
+def test_rerender_from_python_reproduces_the_report_and_takes_a_profile(tmp_path):
+    from test_profiling import sample_profile
+
+    from edgespec import profiling
+
+    met = m(drafted=10, accepted=6, forwards=5, emitted=10, per_d=[5, 5], per_a=[4, 2])
+    met.update(asked_per_position=[5, 5], catch_up_ms=0.0)
+    records = [rec(TARGET_ONLY, "a", "qa", 0, 10, 1.0, m(0, 0, 10, 10, [], [])), rec("int8@2", "a", "qa", 0, 10, 0.6, met)]
+    result = bench.BenchResult(command="x", machine={}, settings={}, records=records, summary=summarise(records, greedy=False),
+                               load_before=(0, 0, 0), load_after=(0, 0, 0), peak_rss_mb=0, wall_s=1, notes=[])
+    written = bench.write_outputs(result, tmp_path, "run")
+    md, js = written["md"].read_text(), written["json"].read_text()
+    again, paths = bench.rerender(written["json"])
+    assert paths == written and paths["md"].read_text() == md and paths["json"].read_text() == js
+    assert again.latencies == {} and bench.markdown(again) == md
+    profile = profiling.write_profile(sample_profile(), tmp_path / "p.toml")
+    with_profile, _ = bench.rerender(str(written["json"]), profile)
+    assert set(with_profile.latencies["drafters"]) == {"int8"}
+    assert "## Cost model against measured" in written["md"].read_text()

@@ -380,3 +380,43 @@ def test_a_model_drafter_must_beat_a_free_one_by_the_margin():
     int8["acceptance"]["greedy"] = [0.29, 0.0, 0.0, 0.0]  # 1.29 tokens for 25 ms: 1.032x
     profiling.predict(data, 4)
     assert data["choice"]["greedy"]["drafter"] == "none"
+
+
+def test_run_profile_measures_and_writes_from_python(tiny_checkpoints, tmp_path, capsys):
+    """The profile procedure without the command line: explicit parameters, the data and the path written back,
+    the caller's spec left as given; no overlapped split measured when the spec says --no-overlap."""
+    from edgespec.runtime import RuntimeSpec
+
+    spec = RuntimeSpec(target=str(tiny_checkpoints["target"]), target_backend="torch", draft="ngram", overlap=False)
+    hw = {**HW, "torch": "2.x", "onnxruntime": "1.x", "transformers": "4.x"}  # as `hardware.describe` gives them
+    data, path = profiling.run_profile(spec, k_max=1, quick=True, out=tmp_path / "p.toml", hw=hw,
+                                       command="from python", progress=False)
+    assert (spec.draft, spec.overlap) == ("ngram", False)
+    assert path == tmp_path / "p.toml" and path.with_suffix(".png").exists()
+    assert profiling.read_profile(path).data["drafters"].keys() == data["drafters"].keys() == {"ngram"}
+    assert data["command"] == "from python" and data["machine"]["key"] == profiling.machine_key(HW)
+    assert data["settings"]["k_max"] == 1 and len(data["latency"]["verify"]["256"]) == 3
+    assert "overlap" not in data and "by_p_min" not in data["drafters"]["ngram"]  # a lookup has no p_min to try
+    assert "profile:" not in capsys.readouterr().err  # progress=False: no bar
+    report = profiling.terminal_report(data)
+    assert report.startswith(profiling.table(data)) and "greedy: predicted speed-up by K with ngram" in report
+    with pytest.raises(EdgespecError, match="drop --exact"):
+        profiling.run_profile(RuntimeSpec(target=str(tiny_checkpoints["target"]), exact=True), hw=HW)
+    with pytest.raises(EdgespecError, match="out of range"):
+        profiling.run_profile(spec, k_max=99, hw=HW)
+
+
+def test_profile_listing_marks_the_profile_that_applies_here(tmp_path, monkeypatch):
+    monkeypatch.setattr(profiling, "profile_dirs", lambda: [tmp_path])
+    assert profiling.profile_listing(HW).splitlines() == [
+        "no profiles yet; run `edgespec profile --pair PAIR`", f"this machine: {profiling.machine_key(HW)}"]
+    profiling.write_profile(sample_profile(), tmp_path / "here.toml")
+    other = sample_profile()
+    other["machine"]["key"] = "elsewhere"
+    profiling.write_profile(other, tmp_path / "there.toml")
+    (tmp_path / "bad.toml").write_text("not toml [")
+    lines = profiling.profile_listing(HW).splitlines()
+    assert len(lines) == 4 and lines[-1] == f"this machine: {profiling.machine_key(HW)}"
+    assert lines[0].startswith(str(tmp_path / "bad.toml") + ": ")
+    assert "[applies here]  pair demo" in lines[1] and "here.toml" in lines[1]
+    assert "[other machine]" in lines[2] and "there.toml" in lines[2]
