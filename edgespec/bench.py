@@ -365,7 +365,7 @@ def run_bench_for(spec, *, ks: Sequence[int | str], params, prompts: Sequence[di
     if rows > 1:
         configs.append(engine_config(TARGET_ONLY_EXACT, plain, lambda: FixedK(0), setup=exact_setup))
     for name, drafter in loaded.items():
-        modes = [False, True] if spec.overlap and hasattr(drafter, "propose_ahead") else [False]
+        modes = [False, True] if spec.overlap and drafter.can_draft_ahead else [False]
         for overlap in modes:
             engine = SpeculativeEngine(target, drafter, eos_token_ids=eos, overlap=overlap)
             tag = "+overlap" if overlap else ""

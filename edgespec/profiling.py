@@ -915,7 +915,7 @@ def run_profile(spec, *, k_max: int = 8, quick: bool = False, p_min_candidates: 
 
         names += [d for d in load_manifest(rt.pair).default_drafters if d not in names and d != "ngram"]
     drafters = {n: d for n in [*names, "ngram"] if (d := extra_drafter(rt, n)) is not None}
-    model_drafters = [n for n, d in drafters.items() if hasattr(d, "propose_ahead")]  # those that can overlap
+    model_drafters = [n for n, d in drafters.items() if d.can_draft_ahead]  # those that can overlap
     split = None
     if measure_split and model_drafters:
         from .hardware import check_device
@@ -924,7 +924,7 @@ def run_profile(spec, *, k_max: int = 8, quick: bool = False, p_min_candidates: 
         if split is None:
             notice("one usable core: overlapped drafting is not measured (there is nothing to split)")
     # a model drafter also at each p_min candidate (an n-gram lookup has no confidence to stop on)
-    p_mins = {n: [0.0, *(p for p in p_min_candidates if p > 0)] if hasattr(d, "stop_ids") else [0.0]
+    p_mins = {n: [0.0, *(p for p in p_min_candidates if p > 0)] if d.uses_p_min else [0.0]
               for n, d in drafters.items()}
     bar = progress_bar(len(contexts) * (1 + len(drafters)) + sum(map(len, p_mins.values())) * len(BANDS)
                        + (1 + len(model_drafters) if split else 0), enabled=progress)
