@@ -30,11 +30,16 @@ class CausalLM(Protocol):
     - `crop(length)`: forget everything after the first `length` cached tokens.
     - `reset()`: empty the cache.
     - `description`: a short human string, e.g. "torch cpu float32".
+    - `min_rows`: a feed shorter than this runs as `min_rows` rows (1: plain; more: exact, see `exact_rows`).
+    - `reserve(total)`: a request will hold `total` tokens (an exact cache sizes itself; others ignore it).
     """
 
     vocab_size: int
     max_context: int
     description: str
+    min_rows: int
+
+    def reserve(self, total: int) -> None: ...
 
     @property
     def length(self) -> int: ...
@@ -188,8 +193,7 @@ def exact_rows(lm, counts: tuple[int, ...] = EXACT_ROW_COUNTS) -> int | None:
     found = None
     for count in counts:
         lm.min_rows = count
-        if hasattr(lm, "reserve"):
-            lm.reserve(len(ids))
+        lm.reserve(len(ids))
         lm.reset()
         lm.feed(prompt, 0)
         whole = lm.feed(tokens, len(tokens))

@@ -165,6 +165,9 @@ class OnnxLM:
     def reset(self) -> None:
         self._length = 0
 
+    def reserve(self, total: int) -> None:
+        """Nothing to size ahead: the KV buffers grow as feeds need them (`_reserve`)."""
+
     def feed(self, ids: list[int], logits_for: int) -> torch.Tensor:
         if not ids:
             return torch.empty(0, self.vocab_size)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from .errors import EdgespecError
 
@@ -49,9 +49,17 @@ def check_k(k: int) -> int:
     return k
 
 
+@runtime_checkable
 class KPolicy(Protocol):
-    def begin_request(self) -> None:
-        """A new request (one answer) starts; the engine calls it before the first round."""
+    """What the engine asks of a K policy (all of it: see `PolicyBase` for the defaults)."""
+
+    k_max: int  # the most K it asks for (a free drafter's shadow proposals are this long)
+    p_min: float  # > 0: a model draft stops after a token its model gave less than this
+    learns_from_shadow: bool  # while K = 0, hear how a free drafter's proposals would have fared
+
+    def begin_request(self, *, min_rows: int = 1) -> None:
+        """A new request (one answer) starts; the engine calls it before the first round. `min_rows`: the rows
+        a short target step runs as (more than 1 for an exact target, whose short steps are padded)."""
 
     def next_k(self, *, remaining: int | None = None, lag: int = 0) -> int:
         """K for the next round. `remaining`: tokens the request may still emit; `lag`: tokens the drafter
@@ -63,29 +71,81 @@ class KPolicy(Protocol):
         the drafter's work on `drafted` tokens (None: the `n_drafted` proposed; overlapped, the tokens it drafted
         this round wherever it ran, some of them for the next round); `verify_s` is the target's own time."""
 
+    def observe_shadow(self, n_proposed: int, n_matched: int) -> None:
+        """With `learns_from_shadow`: a free drafter proposed `n_proposed` tokens while K was 0 and the first
+        `n_matched` of them are what the target went on to emit."""
 
-class FixedK:
-    """The same K every round."""
 
-    def __init__(self, k: int, *, p_min: float = 0.0):
-        self.k = check_k(k)
-        self.p_min = check_p_min(p_min)  # > 0: a model draft stops after a token its model is less sure of
+class PolicyBase:
+    """`KPolicy`'s defaults: learns nothing, drafts to the end (p_min 0), ignores shadow proposals."""
 
-    def begin_request(self) -> None:
+    k_max = MAX_K
+    p_min = 0.0
+    learns_from_shadow = False
+
+    def begin_request(self, *, min_rows: int = 1) -> None:
         pass
-
-    def next_k(self, *, remaining: int | None = None, lag: int = 0) -> int:
-        return self.k
 
     def observe(self, k: int, n_drafted: int, n_accepted: int, draft_s: float, verify_s: float, *,
                 catch_up_s: float = 0.0, catch_up_tokens: int = 0, drafted: int | None = None) -> None:
         pass
 
+    def observe_shadow(self, n_proposed: int, n_matched: int) -> None:
+        pass
+
+
+class ShadowProbe:
+    """A free drafter (an n-gram lookup: microseconds, nothing to roll back) is still asked while the policy
+    has speculation off: its proposal is checked against the tokens the target goes on to emit, and the policy
+    learns from that what drafting would have gained, so it can switch speculation back on. Matching the
+    target's own token is accepting: for a one-hot draft P(match) = p_target(draft) = P(accept)."""
+
+    def __init__(self, policy: KPolicy):
+        self.policy = policy
+        self.tokens: list[int] | None = None  # the proposal being checked
+        self.hits = 0
+
+    def wants_proposal(self, k: int) -> bool:
+        """Should the drafter be asked for `policy.k_max` tokens to check before this round (K = `k`)?"""
+        if k > 0:
+            self.tokens = None  # speculation is back on: its rounds say the rest
+        return k == 0 and self.tokens is None
+
+    def start(self, tokens: list[int]) -> None:
+        if tokens:
+            self.tokens, self.hits = list(tokens), 0
+        else:
+            self.policy.observe_shadow(0, 0)
+
+    def see(self, emitted: list[int]) -> None:
+        """The tokens a round emitted (two with an accepted guess): report the proposal once it is decided."""
+        if self.tokens is None:
+            return
+        for token in emitted:
+            hit = token == self.tokens[self.hits]
+            self.hits += hit
+            if not hit or self.hits == len(self.tokens):
+                self.policy.observe_shadow(len(self.tokens), self.hits)
+                self.tokens = None
+                return
+
+
+class FixedK(PolicyBase):
+    """The same K every round."""
+
+    def __init__(self, k: int, *, p_min: float = 0.0):
+        self.k = check_k(k)
+        self.k_max = self.k
+        self.p_min = check_p_min(p_min)  # > 0: a model draft stops after a token its model is less sure of
+
+    def next_k(self, *, remaining: int | None = None, lag: int = 0) -> int:
+        return self.k
+
     def __repr__(self) -> str:
         return f"FixedK({self.k})" if not self.p_min else f"FixedK({self.k}, p_min={self.p_min})"
 
 
-class AdaptiveK:
+class AdaptiveK(PolicyBase):
     """K re-solved every round by the cost model from acceptance and latencies estimated while generating.
 
     Acceptance: per-position conditional rates (P(draft i proposed and accepted | K asked for it and the drafts
@@ -233,9 +293,12 @@ class AdaptiveK:
         return Latencies.linear(self.draft_per_token, verify).expected(self.reach())
 
     # -- policy ---------------------------------------------------------------------------------------
-    def begin_request(self) -> None:
+    learns_from_shadow = True
+
+    def begin_request(self, *, min_rows: int = 1) -> None:
         """The previous answer is finished: its length joins the recent answer lengths (the horizon a
-        catch-up must be repaid over)."""
+        catch-up must be repaid over). `min_rows`: the target's row floor (see `latencies`)."""
+        self.min_rows = min_rows
         # An answer cut at its token budget says only "at least this long": it would shorten the horizon of
         # the next request with a larger budget (the bench's 16-token warm-up kept the draft model off for its
         # first prompts: K = 0 on multi_turn where K = 3 ran 1.14x).

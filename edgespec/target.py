@@ -7,13 +7,14 @@ prefills the new part. It does not sample or decide anything: that is `edgespec.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from .lm import CausalLM, TorchLM
 
 
+@runtime_checkable
 class Target(Protocol):
     vocab_size: int
     max_context: int
@@ -21,6 +22,14 @@ class Target(Protocol):
 
     @property
     def length(self) -> int: ...
+
+    @property
+    def min_rows(self) -> int:
+        """Rows a short step runs as: 1, or more for an exact target (its short steps are padded, so the engine
+        fills the padding with guesses and the policy prices a short step as `min_rows` rows)."""
+
+    def reserve(self, total: int) -> None:
+        """A request will hold `total` tokens (an exact target sizes its cache by it; others ignore it)."""
 
     def prefill(self, ids: list[int]) -> None:
         """Make the cache hold exactly `ids` (reusing any common prefix already cached)."""
@@ -88,12 +97,11 @@ class ModelTarget:
     @property
     def min_rows(self) -> int:
         """Rows a short step runs as (more than 1 for an exact target: see `TorchLM`, `OnnxLM`, `exact_rows`)."""
-        return getattr(self.lm, "min_rows", 1)
+        return self.lm.min_rows
 
     def reserve(self, total: int) -> None:
         """Tell the backend a request will hold `total` tokens (an exact torch target sizes its cache by it)."""
-        if hasattr(self.lm, "reserve"):
-            self.lm.reserve(total)
+        self.lm.reserve(total)
 
     def prefill(self, ids: list[int]) -> None:
         self._cache.sync(ids)

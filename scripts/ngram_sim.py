@@ -100,7 +100,7 @@ def replay(policy, ms: list[int], ls: list[int], verify: list[float]) -> float:
     reported (`observe_shadow`) once it is decided (a mismatch, or all matched)."""
     i, t, n = 0, 0.0, len(ms)
     shadow = None  # (position decided at, proposed, matched)
-    learns = hasattr(policy, "observe_shadow")
+    learns = policy.learns_from_shadow
     policy.begin_request()
     while i < n:
         k = max(0, min(policy.next_k(remaining=n - i), n - i - 1, K_MAX))

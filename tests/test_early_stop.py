@@ -10,7 +10,7 @@ from test_engine import V, chi_square_p, hf_greedy
 from tiny import perturbed, tiny_llama
 
 from edgespec.drafters import Draft, NgramDrafter, TorchDrafter
-from edgespec.engine import STOP_EOS, SpeculativeEngine, _cut_at_eos
+from edgespec.engine import STOP_EOS, SpeculativeEngine, cut_at_eos
 from edgespec.errors import EdgespecError
 from edgespec.lm import TorchLM
 from edgespec.policy import AdaptiveK, FixedK, check_p_min
@@ -101,12 +101,12 @@ def test_the_drafter_does_not_draft_past_an_end_of_answer(models):
 
 def test_an_ngram_draft_is_cut_after_an_end_of_answer():
     draft = Draft([5, 6, 2, 7, 8], torch.eye(9)[[5, 6, 2, 7, 8]], catch_up_s=0.25, drafted=5)
-    cut = _cut_at_eos(draft, frozenset({2}))
+    cut = cut_at_eos(draft, frozenset({2}))
     assert cut.tokens == [5, 6, 2]
     assert torch.equal(cut.p_draft, draft.p_draft[:3])
     assert (cut.catch_up_s, cut.drafted) == (0.25, 5)
-    assert _cut_at_eos(draft, frozenset({9})) is draft
-    assert _cut_at_eos(Draft([2]), frozenset({2})).tokens == [2]
+    assert cut_at_eos(draft, frozenset({9})) is draft
+    assert cut_at_eos(Draft([2]), frozenset({2})).tokens == [2]
 
 
 def test_ngram_drafts_take_p_min_and_ignore_it(models):

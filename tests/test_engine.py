@@ -6,11 +6,11 @@ from scipy.stats import chisquare
 from tiny import perturbed, tiny_llama
 
 from edgespec import verify
-from edgespec.drafters import NgramDrafter, TorchDrafter
+from edgespec.drafters import ModelDrafter, NgramDrafter, TorchDrafter
 from edgespec.engine import STOP_CONTEXT, STOP_EOS, STOP_LENGTH, STOP_STRING, SpeculativeEngine
 from edgespec.errors import EdgespecError
 from edgespec.lm import TorchLM
-from edgespec.policy import AdaptiveK, FixedK
+from edgespec.policy import AdaptiveK, FixedK, PolicyBase
 from edgespec.sampling import SamplingParams, probs_from_logits
 from edgespec.target import TorchTarget
 
@@ -224,20 +224,14 @@ def test_drafter_prefill_is_lazy_and_timed_apart(models):
 
     # The engine hands the policy the proposal time less the catch-up: a drafter claiming its whole
     # (tiny) proposal time was a 100 s catch-up shows the policy 0 s of drafting.
-    class Claims100s:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def __getattr__(self, name):
-            return getattr(self.inner, name)
-
-        def propose(self, k, params, gen):
-            draft = self.inner.propose(k, params, gen)
+    class Claims100s(ModelDrafter):
+        def propose(self, k, params, gen, *, p_min=0.0):
+            draft = super().propose(k, params, gen, p_min=p_min)
             draft.catch_up_s = 100.0 if draft.catch_up_s else 0.0
             return draft
 
     policy = Recording([0, 0, 0, 3, 3])
-    engine = SpeculativeEngine(TorchTarget(target), Claims100s(TorchDrafter(models["close"])))
+    engine = SpeculativeEngine(TorchTarget(target), Claims100s(TorchLM(models["close"], name="draft")))
     got = engine.run(prompt, max_new_tokens=20, policy=policy).token_ids
     assert got == hf_greedy(target, prompt, 20)
     assert [k for k, _, _ in policy.seen[:5]] == [0, 0, 0, 3, 3]
@@ -336,7 +330,11 @@ def test_ngram_lookup_proposes_little_on_weak_matches():
     d.begin([1, 2, 3, 40, 41, 42, 43, 1, 2, 3, 50, 51, 52, 53, 1, 2, 3])  # the most recent occurrence wins
     assert d.propose(3, params, gen).tokens == [50, 51, 52]
     d.commit(2, 60)  # two accepted, then the target's own token: the lookup continues from there
-    assert d._ids[-3:] == [50, 51, 60]
+    assert d.propose(3, params, gen).tokens == []  # "51 60" never occurred before: no match ...
+    d.commit(0, 1)
+    d.commit(0, 2)
+    d.commit(0, 3)  # ... but "1 2 3" now recurs, and its most recent occurrence is followed by 50 51 60
+    assert d.propose(3, params, gen).tokens == [50, 51, 60]
 
 
 def test_a_free_drafter_is_checked_in_the_shadow_while_speculation_is_off(models):
@@ -356,14 +354,25 @@ def test_a_free_drafter_is_checked_in_the_shadow_while_speculation_is_off(models
             self.reports.append((n_proposed, n_matched))
 
     class Spy(NgramDrafter):
+        """Records each proposal with the length of the context it continues (counted from the protocol's
+        calls: the prompt, then every commit's accepted tokens and the target's token)."""
+
         def __init__(self):
             super().__init__(min_ngram=1, weak_ngram=0)  # proposes on any match: many shadow proposals
             self.proposals = []
 
-        def propose(self, k, params, generator):
-            draft = super().propose(k, params, generator)
-            self.proposals.append((len(self._ids), list(draft.tokens)))
+        def begin(self, prompt_ids):
+            super().begin(prompt_ids)
+            self.at = len(prompt_ids)
+
+        def propose(self, k, params, generator, *, p_min=0.0):
+            draft = super().propose(k, params, generator, p_min=p_min)
+            self.proposals.append((self.at, list(draft.tokens)))
             return draft
+
+        def commit(self, n_accepted, next_token):
+            super().commit(n_accepted, next_token)
+            self.at += n_accepted + 1
 
     target = models["target"]
     prompt = PROMPTS[1] * 3
@@ -393,7 +402,7 @@ def test_a_free_drafter_failing_in_the_shadow_leaves_the_target_alone(models):
             return 0
 
     class Broken(NgramDrafter):
-        def propose(self, k, params, generator):
+        def propose(self, k, params, generator, *, p_min=0.0):
             raise RuntimeError("lookup table gone")
 
     target = models["target"]
@@ -420,12 +429,12 @@ def test_the_engine_tells_the_policy_where_each_request_begins(models):
 
 # ---- an exact target (short steps padded to min_rows rows): K = 0 rounds fill the padding with guesses ------
 
-class Alternate:
+class Alternate(PolicyBase):
     """K = 0 and K = 3 in turn."""
 
     k_max = 3
 
-    def begin_request(self):
+    def begin_request(self, *, min_rows=1):
         self.round = 0
 
     def next_k(self, remaining, lag=0):

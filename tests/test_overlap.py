@@ -14,7 +14,7 @@ from test_engine import (
 from tiny import perturbed, tiny_llama  # noqa: F401
 
 from edgespec.drafters import NgramDrafter, TorchDrafter
-from edgespec.drafters.base import Draft
+from edgespec.drafters.base import Draft, DrafterBase
 from edgespec.engine import STOP_EOS, STOP_LENGTH, SpeculativeEngine
 from edgespec.policy import FixedK
 from edgespec.target import TorchTarget
@@ -85,6 +85,10 @@ class ScriptedTarget:
     vocab_size = 8
     max_context = 64
     description = "scripted"
+    min_rows = 1
+
+    def reserve(self, total):
+        pass
 
     def __init__(self, answer):
         self.answer = answer
@@ -116,11 +120,12 @@ class ScriptedTarget:
         self.ids = []
 
 
-class ScriptedDrafter:
+class ScriptedDrafter(DrafterBase):
     """Proposes from its own script of the answer (wrong where the script says), records every call, and
     can be told to fail on a given call."""
 
     vocab_size = 8
+    can_draft_ahead = True
     name = "scripted"
     description = "scripted"
 
@@ -145,12 +150,14 @@ class ScriptedDrafter:
             while len(self.chain) < total:
                 self.chain.append(self.script[self.pos + len(self.chain)])
 
-    def propose(self, k, params, generator):
+    def propose(self, k, params, generator, *, p_min=0.0):
         self._extend(k)
         return Draft(list(self.chain[:k]))
 
-    def propose_ahead(self, total, params, generator):
+    def propose_ahead(self, total, params, generator, *, p_min=0.0):
+        before = len(self.chain)
         self._extend(total)
+        return len(self.chain) - before, 0.0
 
     def commit(self, n, nxt):
         if n < len(self.chain) and self.chain[n] == nxt:
@@ -305,11 +312,11 @@ class SlowDrafter(ScriptedDrafter):
         super()._extend(total)
         return n
 
-    def propose(self, k, params, generator):
+    def propose(self, k, params, generator, *, p_min=0.0):
         n = self._extend(k)
         return Draft(list(self.chain[:k]), drafted=n)
 
-    def propose_ahead(self, total, params, generator):
+    def propose_ahead(self, total, params, generator, *, p_min=0.0):
         return self._extend(total), 0.0
 
 
@@ -325,18 +332,14 @@ class SlowTarget(ScriptedTarget):
         return super().verify(tokens)
 
 
-def test_overlapped_rounds_report_the_drafting_done_ahead_and_the_targets_own_time(monkeypatch):
+def test_overlapped_rounds_report_the_drafting_done_ahead_and_the_targets_own_time():
     """Once a guess hits, the next draft is ready and costs nothing on the engine's thread: the policy must
     still hear what drafting cost (on the drafter's thread) and the target's time without the wait for the
     drafter, or the cost model sees free drafting and a slow target and asks for ever larger K."""
-    import types
-
-    import edgespec.engine
-
     clocks = ThreadClocks()
-    monkeypatch.setattr(edgespec.engine, "time", types.SimpleNamespace(perf_counter=clocks.perf_counter))
     policy = Recorder(3)
-    engine = SpeculativeEngine(SlowTarget(ANSWER, clocks), SlowDrafter(ANSWER + [0] * 40, clocks), overlap=True)
+    engine = SpeculativeEngine(SlowTarget(ANSWER, clocks), SlowDrafter(ANSWER + [0] * 40, clocks), overlap=True,
+                               clock=clocks.perf_counter)
     assert [t for s in engine.generate([5], max_new_tokens=16, policy=policy) for t in s.tokens] == ANSWER
     first, *rest = policy.seen
     assert first[:2] == (3, 3 + 4)  # K drafted here, then the guess and the next K ahead

@@ -1,7 +1,7 @@
 """Drafters propose tokens for the target to verify. See `base.Drafter` for the protocol."""
 
-from .base import Draft, Drafter
+from .base import Draft, Drafter, DrafterBase
 from .model import ModelDrafter, TorchDrafter
 from .ngram import NgramDrafter
 
-__all__ = ["Draft", "Drafter", "ModelDrafter", "NgramDrafter", "TorchDrafter"]
+__all__ = ["Draft", "Drafter", "DrafterBase", "ModelDrafter", "NgramDrafter", "TorchDrafter"]

@@ -16,12 +16,15 @@ import torch
 from ..lm import CausalLM, TorchLM
 from ..sampling import SamplingParams, probs_from_logits
 from ..target import CachedPrefix
-from .base import Draft
+from .base import Draft, DrafterBase
 
 CATCH_UP = 2  # a first feed longer than this is a catch-up (timed apart), not part of drafting
 
 
-class ModelDrafter:
+class ModelDrafter(DrafterBase):
+    can_draft_ahead = True  # prefill / propose_ahead on the drafter's own thread when overlapped
+    uses_p_min = True  # its proposals stop after an unsure token (p_min) and at an end of answer (stop_ids)
+
     def __init__(self, lm: CausalLM, *, name: str = "model"):
         self.lm = lm
         self.name = name

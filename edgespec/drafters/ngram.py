@@ -18,12 +18,11 @@ from __future__ import annotations
 import torch
 
 from ..sampling import SamplingParams
-from .base import Draft
+from .base import Draft, DrafterBase
 
 
-class NgramDrafter:
+class NgramDrafter(DrafterBase):
     name = "ngram"
-    vocab_size = None
     free = True  # microseconds a proposal, no state to roll back: the engine may consult it while K = 0
 
     def __init__(self, max_ngram: int = 5, min_ngram: int = 2, weak_ngram: int = 2, weak_cap: int = 2):
