@@ -7,7 +7,7 @@ from tiny import perturbed, tiny_llama
 
 from edgespec import verify
 from edgespec.drafters import ModelDrafter, NgramDrafter, TorchDrafter
-from edgespec.engine import STOP_CONTEXT, STOP_EOS, STOP_LENGTH, STOP_STRING, SpeculativeEngine
+from edgespec.engine import STOP_CONTEXT, STOP_EOS, STOP_LENGTH, STOP_STRING, Generation, SpeculativeEngine
 from edgespec.errors import EdgespecError
 from edgespec.lm import TorchLM
 from edgespec.policy import AdaptiveK, FixedK, PolicyBase
@@ -37,6 +37,18 @@ def models():
     }
 
 
+def run_clean(engine, prompt, **kwargs):
+    """`engine.run`, also asserting that the drafter never failed: a fallback to the target alone would give
+    target-only's output and pass any equivalence check on its own."""
+    result = Generation()
+    for step in engine.generate(prompt, **kwargs):
+        assert step.notice is None, step.notice
+        result.token_ids.extend(step.tokens)
+        result.metrics.add(step)
+        result.stop_reason = step.stop_reason
+    return result
+
+
 def drafter_for(name, models):
     if name == "ngram":
         return NgramDrafter()
@@ -49,12 +61,16 @@ def drafter_for(name, models):
 def test_greedy_equals_target_only_for_every_k(models, draft_name):
     target = models["target"]
     engine = SpeculativeEngine(TorchTarget(target), drafter_for(draft_name, models))
+    accepted = 0
     for prompt in PROMPTS:
         expected = hf_greedy(target, prompt, 40)
         for k in range(0, 9):
-            got = engine.run(prompt, max_new_tokens=40, policy=FixedK(k))
+            got = run_clean(engine, prompt, max_new_tokens=40, policy=FixedK(k))
             assert got.token_ids == expected, (draft_name, prompt, k)
             assert got.stop_reason == STOP_LENGTH
+            accepted += got.metrics.num_accepted_tokens
+    if draft_name != "foreign":  # (an unrelated random model may never be right)
+        assert accepted > 0  # drafts were accepted: the rollback after a partial accept ran
 
 
 def test_self_draft_accepts_everything(models):
@@ -120,14 +136,33 @@ def test_stop_callback(models):
     assert seen == sorted(seen)
 
 
-def test_context_end_stops_with_reason(models):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_context_end_stops_with_reason(models, overlap):
     target = models["target"]  # max_position_embeddings = 128
-    engine = SpeculativeEngine(TorchTarget(target), TorchDrafter(models["close"]))
+    engine = SpeculativeEngine(TorchTarget(target), TorchDrafter(models["close"]), overlap=overlap)
     prompt = PROMPTS[1]
-    got = engine.run(prompt, max_new_tokens=500, policy=FixedK(6))
+    got = run_clean(engine, prompt, max_new_tokens=500, policy=FixedK(6))
     assert got.stop_reason == STOP_CONTEXT
     assert len(prompt) + len(got.token_ids) == 128
     assert got.token_ids == hf_greedy(target, prompt, 128 - len(prompt))
+    assert got.metrics.num_accepted_tokens > 0
+
+
+def test_eos_exactly_at_the_budget_stops_as_eos_and_one_past_it_as_length(models):
+    """The answer's n-th token is the EOS: with max_new_tokens = n it ends as "eos" (the EOS is emitted), with
+    n - 1 as "length" (the EOS lies beyond the budget), at every K and with or without overlap."""
+    target = models["target"]
+    prompt = PROMPTS[1]
+    reference = hf_greedy(target, prompt, 30)
+    n = next(i for i in range(6, 30) if reference[i] not in reference[:i]) + 1
+    eos = reference[n - 1]
+    for overlap in (False, True):
+        engine = SpeculativeEngine(TorchTarget(target), TorchDrafter(target), eos_token_ids=[eos], overlap=overlap)
+        for k in (0, 1, 3, 8):
+            at = run_clean(engine, prompt, max_new_tokens=n, policy=FixedK(k))
+            assert at.token_ids == reference[:n] and at.stop_reason == STOP_EOS, (k, overlap)
+            before = run_clean(engine, prompt, max_new_tokens=n - 1, policy=FixedK(k))
+            assert before.token_ids == reference[:n - 1] and before.stop_reason == STOP_LENGTH, (k, overlap)
 
 
 def test_prompt_longer_than_context_is_one_line_error(models):
@@ -150,22 +185,38 @@ def test_bad_k(k):
         FixedK(k)
 
 
-@pytest.mark.parametrize("backend", ["target", "drafter"])
+@pytest.mark.parametrize("backend", ["lm", "target", "drafter"])
 def test_rollback_equals_fresh_prefill(models, backend):
-    """After any accept length, the next-token logits equal those of a fresh prefill of the accepted text."""
+    """After any accept length, the next-token logits equal those of a fresh prefill of the accepted text: the
+    backend's `crop`, the target's `rollback` (through its prefix mirror) and the drafter's `commit`."""
     model = models["target"]
     prompt = PROMPTS[1]
     block = [3, 8, 13, 21, 4, 6]
     for keep in range(0, len(block) + 1):
-        lm = TorchLM(model)
-        lm.reset()
-        lm.feed(prompt, 0)
-        lm.feed(block, len(block))
-        lm.crop(len(prompt) + keep)
-        after = lm.feed([17], 1)[0]
         fresh = TorchLM(model)
         fresh.reset()
         expected = fresh.feed(prompt + block[:keep] + [17], 1)[0]
+        if backend == "lm":
+            lm = TorchLM(model)
+            lm.reset()
+            lm.feed(prompt, 0)
+            lm.feed(block, len(block))
+            lm.crop(len(prompt) + keep)
+            after = lm.feed([17], 1)[0]
+        elif backend == "target":
+            target = TorchTarget(model)
+            target.prefill(prompt[:-1])
+            target.verify([prompt[-1], *block])  # a round verifying the last token and six drafts
+            target.rollback(len(prompt) + keep)
+            assert target.length == len(prompt) + keep
+            after = target.verify([17])[0]
+            # and a prefill of the accepted text reuses the rolled-back cache as it stands
+            target.rollback(len(prompt) + keep)
+            target.prefill(prompt + block[:keep])
+            assert target.length == len(prompt) + keep
+            assert torch.allclose(target.verify([17])[0], expected, atol=1e-5), keep
+        else:
+            continue
         assert torch.allclose(after, expected, atol=1e-5), keep
     if backend == "drafter":
         # The drafter's own rollback path: propose K, commit n, then its next proposal equals a fresh one.
