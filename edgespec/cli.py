@@ -61,6 +61,36 @@ def parse_k(text) -> int | str:
         raise EdgespecError(f"K={text!r} is not a number; use auto or an integer from 0 to 16") from None
 
 
+MAX_SEED = 2**63 - 2  # the engine seeds two torch generators, seed and seed + 1 (signed 64-bit)
+POSITIVE = ("max_new_tokens", "threads", "draft_threads", "repeats", "per_category")
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Ranges argparse's types leave open, checked before anything loads: a one-line error instead of a
+    traceback from deep inside a run (or a value quietly replaced by its default, as `--repeats 0` was)."""
+    import math
+
+    if args.command != "chat":  # the chat checks these itself, as its settings dialog does (tui.settings)
+        t = getattr(args, "temperature", None)
+        if t is not None and not (math.isfinite(t) and t >= 0):
+            raise EdgespecError(f"--temperature {t:g} is out of range; use 0 (greedy) or a positive number like 0.7")
+        top_p = getattr(args, "top_p", None)
+        if top_p is not None and not 0 < top_p <= 1:
+            raise EdgespecError(f"--top-p {top_p:g} is outside (0, 1]; use 1 to turn it off")
+        top_k = getattr(args, "top_k", None)
+        if top_k is not None and top_k < 0:
+            raise EdgespecError(f"--top-k {top_k} is negative; use 0 to turn it off or a positive count")
+    for name in POSITIVE:
+        if args.command == "chat" and name == "max_new_tokens":
+            continue
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise EdgespecError(f"--{name.replace('_', '-')} {value} must be at least 1")
+    seed = getattr(args, "seed", None)
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise EdgespecError(f"--seed {seed} is out of range; use a whole number from 0 to {MAX_SEED}")
+
+
 def runtime_spec(args: argparse.Namespace):
     from .runtime import RuntimeSpec
 
@@ -162,6 +192,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             ids.extend(step.tokens)
             metrics.add(step)
             stop_reason = step.stop_reason
+            if step.notice and not args.json:
+                print(f"\nedgespec: {step.notice}", file=sys.stderr, flush=True)
             if not args.json:
                 sys.stdout.write(stream.update(ids))
                 sys.stdout.flush()
@@ -170,7 +202,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     stream.update(ids)
     if args.json:
         print(json.dumps({"text": stream.text, "token_ids": ids, "stop_reason": stop_reason,
-                          "prompt_tokens": len(prompt_ids), "metrics": metrics.to_dict()}))
+                          "prompt_tokens": len(prompt_ids), "notices": metrics.notices,
+                          "metrics": metrics.to_dict()}))
     else:
         sys.stdout.write(stream.flush() + "\n")
         m = metrics
@@ -312,10 +345,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_args(args)
         return args.func(args)
     except EdgespecError as err:
         print(f"edgespec: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C while loading (generate ends its answer early itself): no traceback
+        print("edgespec: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

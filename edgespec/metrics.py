@@ -26,6 +26,7 @@ class SpecMetrics:
     catch_up_ms: float = 0.0  # of draft_ms: the draft model's lazy prefill (context it had not seen yet)
     wall_s: float = 0.0
     k_per_round: list[int] = field(default_factory=list)
+    notices: list[str] = field(default_factory=list)  # e.g. the drafter failed: the rest on the target alone
 
     def add(self, step) -> None:
         """Account for one engine `Step`."""
@@ -44,8 +45,10 @@ class SpecMetrics:
         self.prefill_ms += step.prefill_ms
         self.draft_ms += step.draft_ms
         self.verify_ms += step.verify_ms
-        self.catch_up_ms += getattr(step, "catch_up_ms", 0.0)
+        self.catch_up_ms += step.catch_up_ms
         self.wall_s = step.elapsed_s
+        if step.notice:
+            self.notices.append(step.notice)
 
     @property
     def acceptance_rate(self) -> float:
@@ -91,6 +94,7 @@ class SpecMetrics:
             "catch_up_ms": self.catch_up_ms,
             "wall_s": self.wall_s,
             "k_per_round": list(self.k_per_round),
+            "notices": list(self.notices),
         }
 
 

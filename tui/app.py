@@ -301,10 +301,14 @@ class ChatApp(App[None]):
         pending: list = []
         stats = None
         reason = None
+        notices = 0
         last_post = time.monotonic()
         turn.drawn.set()
         try:
             for chunk in self.session.reply(messages, turn.settings, system=self.system, cancel=turn.cancel):
+                for notice in chunk.metrics.notices[notices:]:  # e.g. the drafter failed: said once
+                    self.notify(notice, title="speculation stopped", severity="warning", timeout=15)  # thread-safe
+                notices = len(chunk.metrics.notices)
                 pending.extend(chunk.pieces)
                 stats = TurnStats.from_chunk(chunk, turn.settings.speculation)
                 reason = chunk.stop_reason
