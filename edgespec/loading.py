@@ -14,6 +14,7 @@ import torch
 
 from .errors import EdgespecError
 from .hardware import check_device
+from .paths import user_path
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
@@ -31,7 +32,7 @@ def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
 
 def checkpoint_dir(path: str | Path) -> Path:
     """A local transformers checkpoint dir, checked to exist and to hold a config."""
-    p = Path(path).expanduser()
+    p = user_path(path, "model path")
     if not p.exists():
         raise EdgespecError(
             f"model path {str(p)!r} does not exist; pass a transformers checkpoint directory, a .gguf file, or --pair NAME"

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .errors import EdgespecError
-from .paths import cache_dir
+from .paths import cache_dir, user_path
 from .progress import report
 
 try:
@@ -156,7 +156,7 @@ def load_manifest(name_or_path: str | Path) -> PairManifest:
     """Load a pair by name (`smollm2-135m`) or from a path to a .toml file."""
     text = str(name_or_path)
     if isinstance(name_or_path, Path) or text.endswith(".toml") or os.sep in text:
-        path = Path(name_or_path).expanduser()
+        path = user_path(name_or_path, "manifest")
         if not path.is_file():
             raise EdgespecError(f"manifest {path} does not exist; pass an existing .toml file or one of: "
                                 f"{', '.join(list_pairs())}")
@@ -264,7 +264,7 @@ def _parse_source(table: Any, where: str, path: Path) -> Source:
     origin = str(path)
     if kind == "path":
         f.only({"kind", "path"})
-        p = Path(f.text("path")).expanduser()
+        p = user_path(f.text("path"), f"manifest {path}: {where}.path")
         # Relative to the manifest, so a manifest and its model can be moved together.
         return Source(kind=kind, path=p if p.is_absolute() else path.parent / p, origin=origin)
     if kind == "hf":

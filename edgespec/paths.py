@@ -20,6 +20,18 @@ def cache_dir() -> Path:
     return root
 
 
+def user_path(text: str | Path, what: str) -> Path:
+    """A path the user gave, `~` and `~user` expanded; a one-line EdgespecError for a `~user` this machine does
+    not know (pathlib raises RuntimeError there)."""
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:
+        from .errors import EdgespecError
+
+        raise EdgespecError(f"{what} {str(text)!r} starts with a ~user this machine does not know; "
+                            "give the full path") from None
+
+
 def data_dir() -> Path:
     """The user data dir (chat history and the like); `EDGESPEC_DATA` overrides it."""
     import platformdirs
