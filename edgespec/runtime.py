@@ -17,7 +17,7 @@ from pathlib import Path
 from .errors import EdgespecError
 
 DEFAULT_PAIR = "smollm2-135m"
-TARGET_BACKENDS = ("auto", "torch", "onnx", "llamacpp")
+TARGET_BACKENDS = ("auto", "torch", "onnx")
 DRAFTERS = ("int4", "int8", "torch", "ngram", "none")
 
 
@@ -242,7 +242,6 @@ def validate_pair(target_dir: Path, draft_dir: Path, target_tokenizer) -> None:
 class _Source:
     hf_dir: Path | None = None  # a transformers checkpoint (torch backend; source of ONNX exports)
     onnx_dir: Path | None = None  # a ready ONNX model (ORT backend only)
-    gguf: Path | None = None  # the GGUF file itself (the llama.cpp backend runs it as it is)
 
 
 def _model_dir(model, progress) -> _Source:
@@ -251,7 +250,7 @@ def _model_dir(model, progress) -> _Source:
 
     path = resolve_model(model)
     if model.format == "gguf":
-        return _Source(hf_dir=gguf_to_hf(path, sha256=model.source.sha256), gguf=path)
+        return _Source(hf_dir=gguf_to_hf(path, sha256=model.source.sha256))
     if model.format == "onnx":
         return _Source(onnx_dir=path if path.is_dir() else path.parent)
     return _Source(hf_dir=path)
@@ -264,21 +263,13 @@ def _local_model(path: str, progress) -> _Source:
 
     p = user_path(path, "model path")
     if p.is_file() and p.suffix == ".gguf":
-        return _Source(hf_dir=gguf_to_hf(p), gguf=p)
+        return _Source(hf_dir=gguf_to_hf(p))
     if p.is_dir() and (p / "genai_config.json").is_file():
         return _Source(onnx_dir=p)
     return _Source(hf_dir=checkpoint_dir(p))
 
 
 def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onnx_precision: str, role: str, progress):
-    if backend == "llamacpp":
-        from .llamacpp_lm import LlamaCppLM
-
-        if source.gguf is None:
-            raise EdgespecError(f"the llama.cpp backend runs GGUF files and this {role} is not one; "
-                                "use --target-backend onnx or torch")
-        threads = spec.draft_threads or spec.threads if role == "draft" else spec.threads
-        return LlamaCppLM(source.gguf, threads=threads, device="cpu" if device == "cpu" else "gpu", name=role)
     if backend == "torch":
         from .lm import TorchLM
         from .loading import load_causal_lm
