@@ -40,7 +40,7 @@ from pathlib import Path
 
 from .errors import EdgespecError
 from .progress import report
-from .paths import cache_dir
+from .paths import cache_dir, pid_alive
 
 MANIFEST = "edgespec-convert.json"
 # Bump when the output of a conversion changes for the same input, so stale cache entries are not reused.
@@ -381,7 +381,7 @@ def _remove_abandoned(final: Path) -> bool:
     found = False
     for partial in final.parent.glob(f".{final.name}.partial-*"):
         pid = partial.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(partial, ignore_errors=True)
             found = True
     return found
@@ -444,18 +444,6 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(_HASH_CHUNK):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # a leftover of our own pid is from an earlier process that had the same id
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _key(fields: dict) -> str:

@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from .errors import EdgespecError
-from .paths import cache_dir, user_path
+from .paths import cache_dir, pid_alive, user_path
 from .progress import report
 
 try:
@@ -512,7 +512,7 @@ def _remove_abandoned(final: Path, downloads: Path) -> bool:
     leftovers += [(p, p.name[len(final.name) + 1:]) for p in downloads.glob(f"{final.name}.*") if p.is_dir()]
     for path, rest in leftovers:
         pid = rest.split("-", 1)[0]
-        dead = "-" in rest and pid.isdigit() and not _pid_alive(int(pid))
+        dead = "-" in rest and pid.isdigit() and not pid_alive(int(pid))
         try:
             if not dead and now - path.stat().st_mtime <= _STALE_PARTIAL_S:
                 continue
@@ -524,20 +524,6 @@ def _remove_abandoned(final: Path, downloads: Path) -> bool:
             continue  # another process cleaned it up first
         interrupted = interrupted or dead
     return interrupted
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # a leftover with our own pid is from an earlier process that had the same id
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OverflowError:
-        return False  # not a pid this system can have
-    except OSError:  # PermissionError: it runs, as another user
-        return True
-    return True
 
 
 def _resolve_hf(source: Source) -> Path:

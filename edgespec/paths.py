@@ -32,6 +32,19 @@ def user_path(text: str | Path, what: str) -> Path:
                             "give the full path") from None
 
 
+def pid_alive(pid: int) -> bool:
+    """Is process `pid` running (a leftover named with it belongs to a live conversion or download)?"""
+    if pid == os.getpid():
+        return False  # a leftover with our own pid is from an earlier process that had the same id
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # gone, or not a pid this system can have
+        return False
+    except OSError:  # PermissionError: it runs, as another user
+        return True
+    return True
+
+
 def data_dir() -> Path:
     """The user data dir (chat history and the like); `EDGESPEC_DATA` overrides it."""
     import platformdirs
