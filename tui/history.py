@@ -12,6 +12,7 @@ This module knows nothing about Textual, the engine or the models; it moves dict
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import tempfile
@@ -123,15 +124,22 @@ def save_chat(record: ChatRecord, *, durable: bool = False) -> Path:
 
 
 def chat_path(chat_id: str) -> Path:
-    if not chat_id or "/" in chat_id or "\\" in chat_id or chat_id.startswith("."):
-        raise EdgespecError(f"{chat_id!r} is not a chat id; see `edgespec chat --list`")
+    """Where chat `chat_id` lives; an id that names anything outside the chats folder (`../x`, `/etc/x`, a hidden
+    file) is an `EdgespecError`."""
+    if not chat_id or "/" in chat_id or "\\" in chat_id or chat_id.startswith(".") or "\0" in chat_id:
+        raise EdgespecError(f"{chat_id[:60]!r} is not a chat id; see `edgespec chat --list`")
     return chats_dir() / f"{chat_id}.json"
 
 
 def load_chat(chat_id: str) -> ChatRecord:
     """The saved chat `chat_id`; `EdgespecError` if there is none, `CorruptChat` if it cannot be read."""
     path = chat_path(chat_id)
-    if not path.is_file():
+    try:
+        found = path.is_file()
+    except OSError as err:  # a name the file system refuses (too long, say)
+        raise EdgespecError(f"{chat_id[:60]!r} is not a chat id ({err.strerror}); "
+                            "see `edgespec chat --list`") from None
+    if not found:
         raise EdgespecError(f"there is no saved chat {chat_id!r}; see `edgespec chat --list` for the ids")
     return read_chat_file(path)
 
@@ -202,7 +210,9 @@ def load_plain_speed(target: str) -> float | None:
         value = data.get(target)
     except (OSError, ValueError, AttributeError):
         return None
-    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+    # a hand-edited or damaged file may hold anything: only a finite positive number is a speed
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    return float(value) if ok else None
 
 
 def save_plain_speed(target: str, tokens_per_s: float) -> None:

@@ -12,6 +12,10 @@ from edgespec.errors import EdgespecError
 from edgespec.metrics import SpecMetrics
 from edgespec.session import DRAFT, TARGET, Chunk
 
+# Seconds a test waits for something that should happen at once before it calls it hung. Only a broken test ever
+# waits this long, so it is generous: four test runs on two cores can stall a thread for seconds.
+CAP = 120.0
+
 
 class GatedSession:
     """Duck-types `ChatSession`. Each turn replays `script` (a list of chunks, each a list of (text, origin)),
@@ -37,7 +41,7 @@ class GatedSession:
         """True when the next chunk may go; False when cancelled while waiting."""
         if not self.gated:
             return True
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + CAP
         while not self._gate.acquire(timeout=0.005):
             if cancel is not None and cancel.is_set():
                 return False
@@ -72,8 +76,9 @@ def fixed_factory(session):
     return factory
 
 
-async def wait_until(pilot, predicate, timeout: float = 5.0, what: str = "condition") -> None:
-    """Let the app run until `predicate()` holds; fail after `timeout` seconds."""
+async def wait_until(pilot, predicate, timeout: float = CAP, what: str = "condition") -> None:
+    """Let the app run until `predicate()` holds; fail after `timeout` seconds (a cap for a hung test, never
+    a wait: it returns as soon as the predicate holds)."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

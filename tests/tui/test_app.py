@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from fakes import GatedSession, fixed_factory, wait_until
+from fakes import CAP, GatedSession, fixed_factory, wait_until
 from textual.widgets import Input, Static
 
 from edgespec.errors import EdgespecError
@@ -103,16 +103,25 @@ async def test_escape_cancels_and_keeps_the_partial_answer():
 async def test_sending_while_streaming_is_refused_and_the_text_kept():
     session = GatedSession()
     app = make_app(session)
+    notes = []
+    app.notify = lambda message, **kwargs: notes.append((message, kwargs.get("severity")))
     async with app.run_test() as pilot:
         await ready(pilot)
         await send(pilot, "one")
         await wait_until(pilot, lambda: app.generating)
         await send(pilot, "two")
         await pilot.pause()
+        # refused: said so, kept in the input, neither in the chat nor queued for after this answer
+        assert notes == [("An answer is still streaming: press Escape to stop it first.", "warning")]
         assert app.query_one(PromptInput).text == "two"
-        assert len(session.calls) == 1
+        assert [m.text for m in app.query(UserMessage)] == ["one"]
+        assert [m["content"] for m in app.record.messages if m["role"] == "user"] == ["one"]
         session.release(3)
         await wait_until(pilot, lambda: not app.generating)
+        await pilot.pause()
+        assert len(session.calls) == 1 and not app.generating
+        assert [m["role"] for m in app.record.messages] == ["user", "assistant"]
+        assert app.query_one(PromptInput).text == "two"
 
 
 async def test_toggling_speculation_changes_the_next_settings_and_measures_the_speedup():
@@ -253,13 +262,13 @@ async def test_the_model_thread_keeps_its_priority_when_the_ui_lowers_its_own():
         done = threading.Event()
         model.submit(lambda: (seen.__setitem__("model", os.getpriority(os.PRIO_PROCESS, threading.get_native_id())),
                               done.set()))
-        done.wait(5)
+        done.wait(CAP)
         model.close()
 
     base = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     t = threading.Thread(target=ui)
     t.start()
-    t.join(10)
+    t.join(CAP)
     assert seen["lowered"] and seen["ui"] == max(base, 10)
     assert seen["model"] == base
 
@@ -270,9 +279,20 @@ async def test_a_factory_error_exits_nonzero_with_the_message():
         raise EdgespecError("no such pair 'nope'; see edgespec models")
 
     app = ChatApp(factory)
+    exits, real_exit = [], app.exit
+
+    def exit(*args, **kwargs):
+        exits.append(kwargs)
+        real_exit(*args, **kwargs)
+
+    app.exit = exit
     async with app.run_test() as pilot:
         await wait_until(pilot, lambda: app.return_code is not None, what="exit")
+        title = str(app.query_one("#loading-title", Static).content)
     assert app.return_code == 2
+    # the message `edgespec chat` prints on the way out (tests/tui/test_cli_chat.py), and the screen said it too
+    assert exits == [{"return_code": 2, "message": "edgespec: error: no such pair 'nope'; see edgespec models"}]
+    assert title == "Could not start: no such pair 'nope'; see edgespec models"
 
 
 async def test_loading_progress_is_shown_and_a_prompt_sent_early_waits_for_the_model():
@@ -283,7 +303,7 @@ async def test_loading_progress_is_shown_and_a_prompt_sent_early_waits_for_the_m
 
     def factory(progress):
         progress("fetching the draft")
-        assert go.wait(10)
+        assert go.wait(CAP)
         return session
 
     app = ChatApp(factory, stream_interval=0)

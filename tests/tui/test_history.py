@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
@@ -129,16 +131,112 @@ class CapturedApp:
         pass
 
 
-def test_resume_without_id_takes_the_latest(monkeypatch):
-    first, second = ChatRecord.new(), ChatRecord.new()
-    save_chat(first)
-    save_chat(second)
+def saved_at(record: ChatRecord, mtime: int) -> Path:
+    """Save `record` as if last written at `mtime` (seconds since the epoch)."""
+    path = save_chat(record)
+    os.utime(path, (mtime, mtime))
+    return path
+
+
+def test_resume_without_id_takes_the_most_recently_written(monkeypatch, capsys):
+    # The latest is the one written last, whatever the ids say: here the older chat has the later name.
+    newest, older = ChatRecord(id="20240101-000000-aaaa"), ChatRecord(id="20240101-000000-zzzz")
+    oldest = ChatRecord.new()
+    saved_at(oldest, 1_000_000_000)
+    saved_at(newest, 1_700_000_200)
+    saved_at(older, 1_700_000_100)
+    assert latest_chat_id() == newest.id
     monkeypatch.setattr(tui.app, "ChatApp", CapturedApp)
     assert main(["chat", "--resume"]) == 0
-    assert CapturedApp.built["record"].id == latest_chat_id()
-    assert main(["chat", "--resume", first.id]) == 0
-    assert CapturedApp.built["record"].id == first.id
+    assert CapturedApp.built["record"].id == newest.id and CapturedApp.built["warning"] is None
+    assert main(["chat", "--resume", oldest.id]) == 0
+    assert CapturedApp.built["record"].id == oldest.id
+    capsys.readouterr()
     assert main(["chat", "--resume", "nope"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("edgespec: error: there is no saved chat 'nope'")
+
+
+def test_resume_without_id_and_nothing_saved_starts_a_new_chat_with_a_note(monkeypatch):
+    monkeypatch.setattr(tui.app, "ChatApp", CapturedApp)
+    assert main(["chat", "--resume"]) == 0
+    assert CapturedApp.built["record"] is None and "no saved chat" in CapturedApp.built["warning"]
+
+
+@pytest.mark.parametrize("chat_id", ["../x", "../../etc/passwd", "/etc/passwd", "a/b", "..\\x", ".hidden", "..",
+                                     "a" * 300, "nul\0byte"])
+def test_a_chat_id_naming_anything_outside_the_chats_folder_is_a_one_line_error(chat_id, monkeypatch, capsys,
+                                                                                data_dir_tmp):
+    # a file where `../x` would lead: it must not be read
+    chats_dir()  # makes the data dir
+    (data_dir_tmp / "x.json").write_text(json.dumps({"id": "x", "messages": []}))
+    monkeypatch.setattr(tui.app, "ChatApp", CapturedApp)
+    CapturedApp.built = {}
+    assert main(["chat", "--resume", chat_id]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("edgespec: error: ") and "not a chat id" in err[0], err
+    assert CapturedApp.built == {}  # the app never started
+
+
+def test_resume_of_a_corrupt_latest_chat_warns_and_leaves_it_untouched(monkeypatch):
+    good = ChatRecord.new()
+    good.messages.append({"role": "user", "content": "older, fine"})
+    saved_at(good, 1_700_000_000)
+    bad = chats_dir() / "20240101-000000-bad0.json"
+    bad.write_bytes(b'{"id": "20240101-000000-bad0", "messages": [{"role": "us')
+    os.utime(bad, (1_700_000_100, 1_700_000_100))
+    before = bad.read_bytes()
+    monkeypatch.setattr(tui.app, "ChatApp", CapturedApp)
+    assert main(["chat", "--resume"]) == 0
+    built = CapturedApp.built
+    assert built["record"] is None  # not the older chat in its place: the user asked for the latest
+    assert "20240101-000000-bad0" in built["warning"] and "cannot be read" in built["warning"]
+    assert bad.read_bytes() == before
+
+
+@pytest.mark.parametrize("content", [b"", b"{", b"[1, 2]", b'"text"', b"null", b'{"t": "fast"}', b'{"t": -3}',
+                                     b'{"t": 0}', b'{"t": Infinity}', b'{"t": NaN}', b'{"t": true}', b"\xff\xfe\x00"])
+def test_a_corrupt_plain_speed_file_is_ignored_and_replaced_on_the_next_save(content, data_dir_tmp):
+    data_dir_tmp.mkdir(parents=True, exist_ok=True)
+    (data_dir_tmp / "plain_speed.json").write_bytes(content)
+    assert load_plain_speed("t") is None
+    save_plain_speed("t", 7.5)
+    assert load_plain_speed("t") == 7.5
+
+
+def test_a_plain_speed_path_that_is_a_folder_reads_as_none_and_fails_to_save_with_an_oserror(data_dir_tmp):
+    (data_dir_tmp / "plain_speed.json").mkdir(parents=True)
+    assert load_plain_speed("t") is None
+    with pytest.raises(OSError):  # what the app catches (the speed is only a convenience)
+        save_plain_speed("t", 7.5)
+    assert [p.name for p in data_dir_tmp.iterdir()] == ["plain_speed.json"]  # no temp file left behind
+
+
+@pytest.mark.parametrize("failure", ["write", "replace"])
+def test_a_failed_save_keeps_the_old_file_and_leaves_no_temp_file(failure, monkeypatch):
+    rec = ChatRecord.new()
+    rec.messages.append({"role": "user", "content": "kept"})
+    path = save_chat(rec)
+    before = path.read_bytes()
+    rec.messages.append({"role": "assistant", "content": "lost"})
+
+    def dump(data, f, **kwargs):  # the disk fills up halfway through the JSON
+        f.write('{"id": "half')
+        f.flush()
+        raise OSError(28, "No space left on device")
+
+    def replace(src, dst):
+        raise PermissionError(13, "Permission denied")
+
+    with monkeypatch.context() as patch, pytest.raises(OSError):
+        if failure == "write":
+            patch.setattr(json, "dump", dump)
+        else:
+            patch.setattr(os, "replace", replace)
+        save_chat(rec, durable=True)
+    assert path.read_bytes() == before
+    assert [p.name for p in chats_dir().iterdir()] == [path.name]
+    assert load_chat(rec.id).messages == [{"role": "user", "content": "kept"}]
 
 
 @pytest.mark.asyncio
