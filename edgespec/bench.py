@@ -35,6 +35,7 @@ TARGET_ONLY = "target-only"
 # With --exact: the target alone with the exact target's numerics (short steps padded to its `min_rows`). It is
 # the reference of the greedy check; plain target-only (the fastest plain decoding) stays the speed baseline.
 TARGET_ONLY_EXACT = "target-only-exact"
+LLAMA_CPP = "llama.cpp"  # anchor: plain llama.cpp decoding of the same GGUF, same threads
 
 
 # ------------------------------------------------------------------------------------------- prompt set
@@ -141,8 +142,8 @@ def summarise(records: Sequence[RunRecord], *, greedy: bool) -> dict:
     if greedy and reference in configs:
         for (config, pid), p in per_prompt.items():
             ref = per_prompt.get((reference, pid))
-            if config in (TARGET_ONLY, TARGET_ONLY_EXACT) or ref is None:
-                continue
+            if config in (TARGET_ONLY, TARGET_ONLY_EXACT, LLAMA_CPP) or ref is None:
+                continue  # (the llama.cpp anchor may run other numerics than the target: not ours to check)
             pos = first_difference(ref["token_ids"], p["token_ids"])
             if pos is not None:
                 out["mismatches"].append({"config": config, "prompt_id": pid, "first_difference": pos})
@@ -314,12 +315,14 @@ def run_bench_for(spec, *, ks: Sequence[int | str], params, prompts: Sequence[di
     (1 quick, 3). `p_mins`: the --p-min values, a run per value for each K (None: the default's for auto, 0 for a
     fixed K). `profile_path`: the profile for --k auto and the report's predictions (default: the one matching
     this machine). `spec.overlap` true also runs each drafter that can draft ahead overlapped."""
+    from . import llamacpp_lm
     from .engine import SpeculativeEngine
     from .loading import load_causal_lm
     from .policy import DEFAULT_P_MIN, FixedK
     from .profiling import read_profile
     from .runtime import build_runtime, extra_drafter, make_policy, matching_profile, select_profile
     from .session import ChatSession
+    from .target import ModelTarget
 
     ks = list(ks)
     check_k(anchor_k)
@@ -399,6 +402,14 @@ def run_bench_for(spec, *, ks: Sequence[int | str], params, prompts: Sequence[di
                                      prompt_lookup_num_tokens=anchor_k))
         else:
             notes.append("transformers anchors need the torch target backend (--target-backend torch); skipped")
+        if rt.target_gguf is not None and llamacpp_lm.available():
+            # What users run otherwise: plain llama.cpp decoding of the same GGUF on the same threads, through the
+            # same library and the same loop (K = 0), timed the same way.
+            lm = llamacpp_lm.LlamaCppLM(rt.target_gguf, threads=spec.threads, name="anchor")
+            configs.append(engine_config(LLAMA_CPP, SpeculativeEngine(ModelTarget(lm), None, eos_token_ids=eos),
+                                         lambda: FixedK(0)))
+        elif rt.target_gguf is not None:
+            notes.append(f"the plain llama.cpp anchor needs the llama.cpp backend ({llamacpp_lm.INSTALL_HINT}); skipped")
     session = ChatSession(rt.engine, rt.tokenizer)
     settings = {"pair": rt.pair or spec.target, "target": rt.target_description, "draft": rt.draft_description,
                 "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,

@@ -30,7 +30,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", default=None,
                    help="int4 / int8 (draft model under ONNX Runtime), torch, ngram (prompt lookup), none, or a draft checkpoint path")
     p.add_argument("--draft-backend", default="int4", choices=["int4", "int8", "torch"], help="how a draft given as a path runs")
-    p.add_argument("--target-backend", default="auto", help="auto (torch on CUDA, ONNX Runtime on CPU), torch or onnx")
+    p.add_argument("--target-backend", default="auto", help="auto (torch on CUDA, ONNX Runtime on CPU), torch, onnx, or llamacpp (a GGUF on llama.cpp's kernels: the llamacpp extra)")
     p.add_argument("--target-device", "--device", dest="target_device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--draft-device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="auto", help="torch target dtype: auto (fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")

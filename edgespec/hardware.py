@@ -54,6 +54,7 @@ class Hardware:
     onnxruntime: str | None = None
     onnxruntime_genai: str | None = None
     ort_providers: list[str] = field(default_factory=list)
+    llama_cpp: str | None = None  # llama-cpp-python's version (the GGUF target backend), None: not installed
     jetson: str | None = None  # the board's model string
     unified_memory: bool = False  # GPU and CPU share RAM (Jetson, integrated GPUs): one memory budget
 
@@ -102,6 +103,7 @@ def describe() -> Hardware:
         cuda_available=False,
         transformers=_version("transformers"),
         onnxruntime_genai=_version("onnxruntime-genai") or _version("onnxruntime-genai-cuda"),
+        llama_cpp=_version("llama-cpp-python"),
         jetson=jetson,
         unified_memory=jetson is not None,
     )
@@ -188,9 +190,23 @@ def format_devices(hw: Hardware) -> str:
                      f"thread{'s' * (split[1] > 1)} (--threads / --draft-threads set others)")
     providers = ", ".join(hw.ort_providers) or "none"
     lines.append(f"onnxruntime   {hw.onnxruntime or 'not installed'}; providers: {providers}")
+    lines.append(f"llama.cpp     {_llama_cpp_line(hw)}")
     lines.append(f"libraries     torch {hw.torch or 'not installed'}, transformers "
                  f"{hw.transformers or 'not installed'}, onnxruntime-genai {hw.onnxruntime_genai or 'not installed'}")
     return "\n".join(lines)
+
+
+def _llama_cpp_line(hw: Hardware) -> str:
+    """The GGUF backend: installed or not, and what its llama.cpp was built for."""
+    if hw.llama_cpp is None:
+        from .llamacpp_lm import INSTALL_HINT
+
+        return f"not installed (GGUF targets run converted under ONNX Runtime; {INSTALL_HINT})"
+    from .llamacpp_lm import build_info
+
+    info = build_info()
+    gpu = "with GPU offload" if info.get("gpu_offload") else "CPU only"
+    return f"llama-cpp-python {hw.llama_cpp}, {gpu} build (--target-backend llamacpp)"
 
 
 # ---------------------------------------------------------------------------------------------- probes

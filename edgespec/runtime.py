@@ -17,7 +17,7 @@ from pathlib import Path
 from .errors import EdgespecError
 
 DEFAULT_PAIR = "smollm2-135m"
-TARGET_BACKENDS = ("auto", "torch", "onnx")
+TARGET_BACKENDS = ("auto", "torch", "onnx", "llamacpp")
 DRAFTERS = ("int4", "int8", "torch", "ngram", "none")
 
 
@@ -59,6 +59,7 @@ class Runtime:
     drafter_name: str
     target_hf_dir: Path | None = None  # the transformers checkpoints behind the models, when there are ones
     draft_hf_dir: Path | None = None
+    target_gguf: Path | None = None  # the target's GGUF file, when it came as one (llama.cpp runs it as it is)
     target_backend: str = "onnx"
     pair_self_draft: bool = False  # the pair drafts with its own target model (quantised)
     spec: RuntimeSpec | None = None  # what it was built from (extra drafters are placed the same way)
@@ -175,7 +176,8 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
     draft_hf = draft_source.hf_dir if draft_source is not None else None
     return Runtime(engine, tokenizer, f"{target_label} · {target_lm.description}", draft_description,
                    manifest.name if manifest else None, drafter_name,
-                   target_hf_dir=target_source.hf_dir, draft_hf_dir=draft_hf, target_backend=backend,
+                   target_hf_dir=target_source.hf_dir, draft_hf_dir=draft_hf, target_gguf=target_source.gguf,
+                   target_backend=backend,
                    pair_self_draft=manifest is not None and manifest.draft is None, spec=spec)
 
 
@@ -242,6 +244,7 @@ def validate_pair(target_dir: Path, draft_dir: Path, target_tokenizer) -> None:
 class _Source:
     hf_dir: Path | None = None  # a transformers checkpoint (torch backend; source of ONNX exports)
     onnx_dir: Path | None = None  # a ready ONNX model (ORT backend only)
+    gguf: Path | None = None  # the GGUF file itself (the llama.cpp backend runs it as it is)
 
 
 def _model_dir(model, progress) -> _Source:
@@ -250,7 +253,7 @@ def _model_dir(model, progress) -> _Source:
 
     path = resolve_model(model)
     if model.format == "gguf":
-        return _Source(hf_dir=gguf_to_hf(path, sha256=model.source.sha256))
+        return _Source(hf_dir=gguf_to_hf(path, sha256=model.source.sha256), gguf=path)
     if model.format == "onnx":
         return _Source(onnx_dir=path if path.is_dir() else path.parent)
     return _Source(hf_dir=path)
@@ -263,13 +266,21 @@ def _local_model(path: str, progress) -> _Source:
 
     p = user_path(path, "model path")
     if p.is_file() and p.suffix == ".gguf":
-        return _Source(hf_dir=gguf_to_hf(p))
+        return _Source(hf_dir=gguf_to_hf(p), gguf=p)
     if p.is_dir() and (p / "genai_config.json").is_file():
         return _Source(onnx_dir=p)
     return _Source(hf_dir=checkpoint_dir(p))
 
 
 def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onnx_precision: str, role: str, progress):
+    if backend == "llamacpp":
+        from .llamacpp_lm import LlamaCppLM
+
+        if source.gguf is None:
+            raise EdgespecError(f"the llama.cpp backend runs GGUF files and this {role} is not one; "
+                                "use --target-backend onnx or torch")
+        threads = spec.draft_threads or spec.threads if role == "draft" else spec.threads
+        return LlamaCppLM(source.gguf, threads=threads, device="cpu" if device == "cpu" else "gpu", name=role)
     if backend == "torch":
         from .lm import TorchLM
         from .loading import load_causal_lm

@@ -1,0 +1,217 @@
+"""GGUF models on llama.cpp's own kernels: the `CausalLM` contract over llama-cpp-python's low-level API.
+
+The GGUF runs as it is (no dequantising, no conversion, no second copy on disk), with the kernels llama.cpp
+has for its format on this CPU (or GPU, in a CUDA/Metal build). One sequence, one KV cache:
+- `feed(ids, logits_for)`: `llama_decode` of the new tokens in chunks of at most `n_batch` (a larger batch
+  aborts the process), logits flagged for the last `logits_for` only; the rows are copied out before the next
+  decode overwrites them.
+- `crop(length)`: `llama_memory_seq_rm` from `length` on. A recurrent or hybrid model's memory cannot be
+  partly removed, so such models are refused at load with a one-line error.
+- threads: llama.cpp uses `threads` for one-token steps and `batch_threads` for steps of several tokens
+  (verification, prefill); both default to every core this process may use.
+
+Installed with the `llamacpp` extra (llama-cpp-python compiles llama.cpp at install).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import EdgespecError
+
+INSTALL_HINT = "pip install 'edgespec[llamacpp]' (compiles llama.cpp: several minutes)"
+DEFAULT_CONTEXT = 8192  # the KV cache is allocated up front: at most this many tokens unless asked for more
+_backend_lock = threading.Lock()
+_backend_ready = False
+_log_callback = None  # kept referenced: llama.cpp calls it from C
+
+
+def import_llama_cpp():
+    """The llama_cpp module, or a one-line error saying how to install it."""
+    try:
+        import llama_cpp
+    except ImportError:
+        raise EdgespecError(f"the llama.cpp backend is not installed; {INSTALL_HINT}, "
+                            "or use --target-backend onnx") from None
+    return llama_cpp
+
+
+def available() -> bool:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def build_info() -> dict:
+    """What the installed llama.cpp was built for (for `edgespec devices`)."""
+    if not available():
+        return {"installed": False}
+    import llama_cpp
+
+    _init_backend(llama_cpp)
+    return {"installed": True, "version": llama_cpp.__version__,
+            "gpu_offload": bool(llama_cpp.llama_supports_gpu_offload()),
+            "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip()}
+
+
+def _init_backend(llama_cpp) -> None:
+    """Once a process: the backend, and llama.cpp's log lines silenced (errors reach the user as our own)."""
+    global _backend_ready, _log_callback
+    with _backend_lock:
+        if _backend_ready:
+            return
+
+        @llama_cpp.llama_log_callback
+        def _quiet(level, text, user_data):  # noqa: ARG001
+            pass
+
+        _log_callback = _quiet
+        llama_cpp.llama_log_set(_log_callback, ctypes.c_void_p(0))
+        llama_cpp.llama_backend_init()
+        _backend_ready = True
+
+
+class LlamaCppLM:
+    """A GGUF model under llama.cpp with its KV cache (see the module's text). `min_rows` > 1 runs a short feed
+    as that many rows (the last id repeated, the extra rows cropped away), as `OnnxLM` does for `--exact`."""
+
+    def __init__(self, path: str | Path, *, n_ctx: int | None = None, threads: int | None = None,
+                 batch_threads: int | None = None, n_batch: int = 512, device: str = "cpu", name: str = "model",
+                 min_rows: int = 1):
+        from .onnx_lm import default_threads
+
+        llama_cpp = import_llama_cpp()
+        _init_backend(llama_cpp)
+        self._ll = llama_cpp
+        path = Path(path)
+        if not path.is_file():
+            raise EdgespecError(f"{path} does not exist; give the path of a .gguf file")
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = 0 if device == "cpu" else 999
+        self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self._model:
+            raise EdgespecError(f"llama.cpp could not load {path.name} (not a GGUF file, damaged, or an architecture "
+                                f"this llama.cpp build does not know); try --target-backend onnx")
+        self._ctx = self._batch = None
+        if llama_cpp.llama_model_is_recurrent(self._model) or llama_cpp.llama_model_is_hybrid(self._model):
+            self.close()
+            raise EdgespecError(f"{path.name} is a recurrent/hybrid model, whose cache cannot be rolled back to a "
+                                f"position, so it cannot verify drafts; use --no-spec or another target")
+        n_train = int(llama_cpp.llama_model_n_ctx_train(self._model)) or DEFAULT_CONTEXT
+        context = min(int(n_ctx), n_train) if n_ctx else min(n_train, DEFAULT_CONTEXT)
+        threads = int(threads or default_threads())
+        batch_threads = int(batch_threads or threads)
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = context
+        cparams.n_batch = cparams.n_ubatch = n_batch = min(int(n_batch), context)
+        cparams.n_seq_max = 1
+        cparams.n_threads, cparams.n_threads_batch = threads, batch_threads
+        cparams.no_perf = True
+        self._ctx = llama_cpp.llama_init_from_model(self._model, cparams)
+        if not self._ctx:
+            self.close()
+            raise EdgespecError(f"llama.cpp could not make a context of {context} tokens for {path.name} (out of "
+                                f"memory?); ask for a shorter context")
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self.n_batch = n_batch
+        self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model)))
+        self.max_context = int(llama_cpp.llama_n_ctx(self._ctx))
+        self.threads, self.batch_threads = threads, batch_threads
+        self.device = device
+        self.path = path
+        self.min_rows = int(min_rows)
+        buf = ctypes.create_string_buffer(128)
+        llama_cpp.llama_model_desc(self._model, buf, len(buf))
+        self.model_desc = buf.value.decode(errors="replace")  # e.g. "llama ?B Q4_1"
+        quant = self.model_desc.rsplit(" ", 1)[-1] if " " in self.model_desc else "gguf"
+        self.description = f"llama.cpp {device} {quant}"
+        self.name = name
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def reserve(self, total: int) -> None:
+        """Nothing to do: the KV cache is allocated for `max_context` tokens when the model loads."""
+
+    def reset(self) -> None:
+        self._ll.llama_memory_clear(self._mem, True)
+        self._length = 0
+
+    def crop(self, length: int) -> None:
+        if not 0 <= length <= self._length:
+            raise ValueError(f"cannot crop a cache of {self._length} tokens to {length}")
+        if length < self._length:
+            if not self._ll.llama_memory_seq_rm(self._mem, 0, length, -1):
+                raise EdgespecError(f"llama.cpp could not roll its cache back to {length} tokens "
+                                    f"({self.model_desc}); use --no-spec with this model")
+            self._length = length
+
+    def feed(self, ids: list[int], logits_for: int) -> torch.Tensor:
+        if not ids:
+            return torch.empty(0, self.vocab_size)
+        n = len(ids)
+        if not 0 <= logits_for <= n:
+            raise ValueError(f"logits_for={logits_for} must be between 0 and {n}")
+        if n < self.min_rows and self._length + self.min_rows <= self.max_context:
+            # A short feed runs as `min_rows` rows (the last id repeated); the extra rows leave the cache again.
+            kept = self._length + n
+            logits = self.feed([*ids, *[ids[-1]] * (self.min_rows - n)], self.min_rows)
+            self.crop(kept)
+            return logits[:n][n - logits_for:] if logits_for else torch.empty(0, self.vocab_size)
+        if self._length + n > self.max_context:
+            raise ValueError(f"{self._length + n} tokens exceed the model's context of {self.max_context}")
+        out = np.empty((logits_for, self.vocab_size), dtype=np.float32)
+        first_out, got = n - logits_for, 0
+        batch = self._batch
+        for start in range(0, n, self.n_batch):
+            chunk = ids[start:start + self.n_batch]
+            batch.n_tokens = len(chunk)
+            flagged = 0
+            for j, token in enumerate(chunk):
+                batch.token[j] = int(token)
+                batch.pos[j] = self._length + j
+                batch.n_seq_id[j] = 1
+                batch.seq_id[j][0] = 0
+                want = start + j >= first_out
+                batch.logits[j] = want
+                flagged += want
+            rc = self._ll.llama_decode(self._ctx, batch)
+            if rc != 0:
+                # 1: no KV slot; < 0: an error. Tokens of a failed chunk may remain: drop them (and this feed).
+                self._ll.llama_memory_seq_rm(self._mem, 0, self._length, -1)
+                raise EdgespecError(f"llama.cpp could not decode {len(chunk)} tokens at position {self._length} "
+                                    f"(llama_decode returned {rc}); the context may be too small")
+            self._length += len(chunk)
+            if flagged:
+                rows = np.ctypeslib.as_array(self._ll.llama_get_logits(self._ctx), shape=(flagged, self.vocab_size))
+                out[got:got + flagged] = rows  # copied: the next decode overwrites llama.cpp's buffer
+                got += flagged
+        return torch.from_numpy(out)
+
+    def close(self) -> None:
+        ll = self._ll
+        if getattr(self, "_batch", None) is not None:
+            ll.llama_batch_free(self._batch)
+            self._batch = None
+        if getattr(self, "_ctx", None):
+            ll.llama_free(self._ctx)
+            self._ctx = None
+        if getattr(self, "_model", None):
+            ll.llama_model_free(self._model)
+            self._model = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the process frees it anyway
+            pass

@@ -1,0 +1,127 @@
+"""The llama.cpp backend (`edgespec.llamacpp_lm`) on the real SmolLM2 GGUF: the `CausalLM` contract (feed,
+crop after every accept length, reset) against fresh prefills, greedy speculation identical to its own plain
+decoding with every drafter, sampling through the engine, and its one-line errors."""
+
+import pytest
+import torch
+
+pytest.importorskip("llama_cpp")
+
+from edgespec.drafters import NgramDrafter  # noqa: E402
+from edgespec.engine import SpeculativeEngine  # noqa: E402
+from edgespec.errors import EdgespecError  # noqa: E402
+from edgespec.llamacpp_lm import LlamaCppLM  # noqa: E402
+from edgespec.models import load_manifest, resolve_model  # noqa: E402
+from edgespec.policy import FixedK  # noqa: E402
+from edgespec.runtime import RuntimeSpec, build_runtime  # noqa: E402
+from edgespec.sampling import SamplingParams  # noqa: E402
+from edgespec.session import ChatSession  # noqa: E402
+from edgespec.target import ModelTarget  # noqa: E402
+
+MESSAGES = [
+    [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
+    [{"role": "user", "content": "Rewrite more formally: the meeting got moved cause the boss was sick, so we do it monday."}],
+]
+
+
+@pytest.fixture(scope="module")
+def gguf():
+    return resolve_model(load_manifest("smollm2-135m").target)
+
+
+@pytest.fixture(scope="module")
+def lm(gguf):
+    return LlamaCppLM(gguf, n_ctx=1024, threads=2)
+
+
+def test_it_loads_the_gguf_as_it_is(lm, gguf):
+    assert lm.vocab_size == 49152 and lm.max_context == 1024
+    assert lm.description.startswith("llama.cpp cpu") and "Q4_1" in lm.description
+    assert lm.path == gguf  # no conversion, no copy
+
+
+def test_crop_after_every_accept_length_equals_a_fresh_prefill(lm):
+    prompt = [1, 504, 3458, 282, 4649, 314, 253, 1345, 30, 2]
+    block = [378, 1345, 314, 253, 7045, 30, 198, 416]
+    lm.reset()
+    whole = lm.feed(prompt + block, len(block) + 1)
+    for keep in range(len(block) + 1):
+        lm.reset()
+        lm.feed(prompt, 0)
+        lm.feed(block, len(block))
+        lm.crop(len(prompt) + keep)
+        assert lm.length == len(prompt) + keep
+        after = lm.feed([17], 1)[0]
+        lm.reset()
+        fresh = lm.feed(prompt + block[:keep] + [17], 1)[0]
+        # the same tokens, computed in other splits: the same argmax and nearly the same numbers
+        assert int(after.argmax()) == int(fresh.argmax())
+        assert torch.allclose(after, fresh, atol=0.05, rtol=0), (keep, float((after - fresh).abs().max()))
+    # logits for the last n of one feed are the rows of one longer feed
+    lm.reset()
+    again = lm.feed(prompt + block, len(block) + 1)
+    assert torch.equal(again, whole)
+
+
+def test_a_prefill_longer_than_n_batch_is_chunked(gguf):
+    small = LlamaCppLM(gguf, n_ctx=256, n_batch=16, threads=2)
+    ids = [(7 * i) % 4000 + 100 for i in range(70)]
+    chunked = small.feed(ids, 3)
+    big = LlamaCppLM(gguf, n_ctx=256, n_batch=128, threads=2)
+    whole = big.feed(ids, 3)
+    assert small.length == 70 and chunked.shape == (3, 49152)
+    assert [int(r.argmax()) for r in chunked] == [int(r.argmax()) for r in whole]
+    with pytest.raises(ValueError, match="exceed"):
+        small.feed(ids * 4, 1)
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    return build_runtime(RuntimeSpec(pair="smollm2-135m", draft="int8", target_backend="llamacpp", threads=2),
+                         progress=lambda _: None)
+
+
+def test_greedy_speculation_equals_plain_decoding_on_this_backend(runtime):
+    rt = runtime
+    assert rt.engine.target.description.startswith("llama.cpp")
+    session = ChatSession(rt.engine, rt.tokenizer)
+    accepted = 0
+    for messages in MESSAGES:
+        ids = session.encode(messages)
+        plain = rt.engine.run(ids, max_new_tokens=40, policy=FixedK(0)).token_ids
+        assert len(plain) > 5
+        for drafter in (rt.engine.drafter, NgramDrafter()):
+            engine = SpeculativeEngine(rt.engine.target, drafter, eos_token_ids=rt.engine.eos_token_ids)
+            for k in (1, 3, 5, 8):
+                steps = list(engine.generate(ids, max_new_tokens=40, policy=FixedK(k)))
+                assert [t for s in steps for t in s.tokens] == plain, (drafter.name, k)
+                assert not [s.notice for s in steps if s.notice]
+                accepted += sum(s.n_accepted for s in steps)
+    assert accepted > 0
+
+
+def test_sampling_runs_through_the_engine_on_this_backend(runtime):
+    rt = runtime
+    ids = ChatSession(rt.engine, rt.tokenizer).encode(MESSAGES[0])
+    params = SamplingParams(temperature=0.7, top_p=0.9, seed=3)
+    a = rt.engine.run(ids, params=params, max_new_tokens=24, policy=FixedK(3))
+    b = rt.engine.run(ids, params=params, max_new_tokens=24, policy=FixedK(3))
+    assert a.token_ids == b.token_ids and a.metrics.num_draft_tokens > 0 and not a.metrics.notices
+
+
+def test_one_line_errors(tmp_path, tiny_checkpoints):
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 64)
+    with pytest.raises(EdgespecError, match="could not load broken.gguf") as err:
+        LlamaCppLM(bad)
+    assert "\n" not in str(err.value)
+    with pytest.raises(EdgespecError, match="does not exist"):
+        LlamaCppLM(tmp_path / "missing.gguf")
+    with pytest.raises(EdgespecError, match="runs GGUF files and this target is not one"):
+        build_runtime(RuntimeSpec(target=str(tiny_checkpoints["target"]), draft="none", target_backend="llamacpp"),
+                      progress=lambda _: None)
+
+
+def test_a_target_built_on_it_is_a_model_target(lm):
+    target = ModelTarget(lm)
+    assert target.min_rows == 1 and target.max_context == lm.max_context
