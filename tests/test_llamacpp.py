@@ -125,3 +125,16 @@ def test_one_line_errors(tmp_path, tiny_checkpoints):
 def test_a_target_built_on_it_is_a_model_target(lm):
     target = ModelTarget(lm)
     assert target.min_rows == 1 and target.max_context == lm.max_context
+
+
+def test_bench_puts_plain_llama_cpp_of_the_same_gguf_beside_every_run(tmp_path):
+    from edgespec.bench import LLAMA_CPP, TARGET_ONLY, load_prompts, run_bench_for
+
+    result, paths = run_bench_for(RuntimeSpec(pair="smollm2-135m", target_backend="llamacpp", threads=2),
+                                  ks=[3], params=SamplingParams(), prompts=load_prompts(quick=True)[:1],
+                                  drafters=["ngram"], max_new_tokens=12, repeats=1, out_dir=tmp_path,
+                                  command="test", progress=False)
+    configs = result.summary["configs"]
+    assert {TARGET_ONLY, LLAMA_CPP, "ngram@3"} <= set(configs)
+    assert configs[LLAMA_CPP]["overall"]["tokens"] > 0 and not result.summary["mismatches"]
+    assert LLAMA_CPP in paths["md"].read_text()
