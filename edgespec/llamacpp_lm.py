@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from .errors import EdgespecError
+from .lm import feed_padded
 
 INSTALL_HINT = "pip install 'edgespec[llamacpp]' (compiles llama.cpp: several minutes)"
 DEFAULT_CONTEXT = 8192  # the KV cache is allocated up front: at most this many tokens unless asked for more
@@ -163,11 +164,7 @@ class LlamaCppLM:
         if not 0 <= logits_for <= n:
             raise ValueError(f"logits_for={logits_for} must be between 0 and {n}")
         if n < self.min_rows and self._length + self.min_rows <= self.max_context:
-            # A short feed runs as `min_rows` rows (the last id repeated); the extra rows leave the cache again.
-            kept = self._length + n
-            logits = self.feed([*ids, *[ids[-1]] * (self.min_rows - n)], self.min_rows)
-            self.crop(kept)
-            return logits[:n][n - logits_for:] if logits_for else torch.empty(0, self.vocab_size)
+            return feed_padded(self, ids, logits_for)
         if self._length + n > self.max_context:
             raise ValueError(f"{self._length + n} tokens exceed the model's context of {self.max_context}")
         out = np.empty((logits_for, self.vocab_size), dtype=np.float32)

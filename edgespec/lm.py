@@ -175,6 +175,17 @@ class TorchLM:
             del self._ids[length:]
 
 
+def feed_padded(lm, ids: list[int], logits_for: int) -> torch.Tensor:
+    """Run a feed shorter than `lm.min_rows` as `min_rows` rows (the last id repeated) and keep only its own:
+    the rows that matter then go through the same kernels as a verification of several tokens (`--exact`).
+    For backends whose cache is cropped back to a length (`OnnxLM`, `LlamaCppLM`)."""
+    n = len(ids)
+    kept = lm.length + n
+    logits = lm.feed([*ids, *[ids[-1]] * (lm.min_rows - n)], lm.min_rows)
+    lm.crop(kept)
+    return logits[:n][n - logits_for:] if logits_for else torch.empty(0, lm.vocab_size)
+
+
 EXACT_ROW_COUNTS = (2, 4, 8)  # the row counts `exact_rows` tries, fewest first (a padded step costs more rows)
 
 

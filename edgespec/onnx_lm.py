@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .errors import EdgespecError
+from .lm import feed_padded
 
 # The builder's I/O names; genai_config.json may spell them out, and then we read them from there.
 _PAST_KEY, _PAST_VALUE = "past_key_values.%d.key", "past_key_values.%d.value"
@@ -175,12 +176,7 @@ class OnnxLM:
         if not 0 <= logits_for <= n:
             raise ValueError(f"logits_for={logits_for} must be between 0 and {n}")
         if n < self.min_rows and not self.last_logits_only and self._length + self.min_rows <= self.max_context:
-            # Run a short feed as `min_rows` rows (the last id repeated) and keep the first n: the rows that
-            # matter then go through the same kernels as a verification of several tokens.
-            kept = self._length + n
-            logits = self.feed([*ids, *[ids[-1]] * (self.min_rows - n)], self.min_rows)
-            self._length = kept
-            return logits[:n][n - logits_for:] if logits_for else torch.empty(0, self.vocab_size)
+            return feed_padded(self, ids, logits_for)
         if logits_for > 1 and self.last_logits_only:
             raise ValueError(f"{self.description} computes the last position's logits only (pruned LM head), "
                              f"asked for {logits_for}; use a model exported without last_logits_only")

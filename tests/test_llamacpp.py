@@ -139,3 +139,18 @@ def test_bench_puts_plain_llama_cpp_of_the_same_gguf_beside_every_run(tmp_path):
     assert {TARGET_ONLY, LLAMA_CPP, "ngram@3"} <= set(configs)
     assert configs[LLAMA_CPP]["overall"]["tokens"] > 0 and not result.summary["mismatches"]
     assert LLAMA_CPP in paths["md"].read_text()
+
+
+def test_exact_mode_pads_short_steps_and_keeps_their_own_rows(gguf):
+    from edgespec.lm import exact_rows
+
+    lm = LlamaCppLM(gguf, n_ctx=256, threads=2)
+    assert exact_rows(lm) is not None and lm.min_rows >= 2  # `--exact` finds a row count on this backend
+    ids = [(11 * i) % 3000 + 200 for i in range(20)]
+    lm.reset()
+    lm.feed(ids[:12], 0)
+    one = lm.feed(ids[12:13], 1)  # padded to min_rows rows, cropped back to the one
+    assert lm.length == 13 and one.shape == (1, lm.vocab_size)
+    lm.crop(12)
+    several = lm.feed(ids[12:16], 4)
+    assert int(one[0].argmax()) == int(several[0].argmax())
