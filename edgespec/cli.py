@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the first N prompts of each category (default: all 7; a fixed-K sweep on a slow machine)")
     b.add_argument("--repeats", type=int, default=None, help="repeats per prompt (median taken; default 3, quick 1)")
     b.add_argument("--anchor-k", type=int, default=4, help="fixed K for transformers' assisted generation anchor")
-    b.add_argument("--no-anchors", action="store_true", help="skip transformers' assisted generation / prompt lookup")
+    b.add_argument("--no-anchors", action="store_true", help="skip the anchors: transformers' assisted generation / prompt lookup (torch targets), plain llama.cpp of the same GGUF")
     b.add_argument("--out", default="bench-results", help="directory for the JSON, markdown and PNG")
     b.add_argument("--report", default=None, metavar="RESULT.json",
                    help="run nothing: re-render the markdown and PNG of an earlier run's JSON (with --profile: "
