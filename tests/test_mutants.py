@@ -107,3 +107,150 @@ def test_a_token_the_target_gives_no_mass_is_never_accepted_even_at_a_zero_unifo
                         guess=(3, torch.tensor([0.0, 0.0, 0.0, 1.0])))
     assert v.n_accepted == 1 and v.next_token in (0, 1)
     assert fake.calls == 3  # one uniform per examined draft, one for the guess (the first call rejected at once)
+
+
+# --- edgespec/engine.py
+
+class _Recorder:
+    """A target or drafter stand-in that only records `reset` (all SpeculativeEngine.reset touches)."""
+
+    vocab_size = None
+
+    def __init__(self, log, name):
+        self.log, self.name = log, name
+
+    def reset(self):
+        self.log.append(self.name)
+
+
+def test_engine_reset_drops_both_caches_and_works_without_a_drafter():
+    """reset() empties the target's and the drafter's caches, and with no drafter just the target's
+    (mutant: `if self.drafter is None`, which skipped the drafter and crashed without one)."""
+    from edgespec.engine import SpeculativeEngine
+
+    log = []
+    SpeculativeEngine(_Recorder(log, "target"), _Recorder(log, "drafter")).reset()
+    assert log == ["target", "drafter"]
+    log.clear()
+    SpeculativeEngine(_Recorder(log, "target")).reset()
+    assert log == ["target"]
+
+
+def test_vocab_mismatch_error_names_the_fix():
+    """The one-line error for a draft model with another vocabulary says what to do instead (mutants rewrote
+    the advice's text)."""
+    from edgespec.engine import check_vocab_sizes
+    from edgespec.errors import EdgespecError
+
+    with pytest.raises(EdgespecError, match=r"draft 40 tokens, target 32\).*same tokenizer, or --draft ngram$"):
+        check_vocab_sizes(40, 32)
+    check_vocab_sizes(32, 32)  # the same size is accepted
+
+
+class _Repeater:
+    """A drafter that proposes `token` K times whatever the context, recording every commit it hears."""
+
+    def __new__(cls, token):
+        from edgespec.drafters import Draft, DrafterBase
+
+        class Repeater(DrafterBase):
+            def __init__(self):
+                self.commits = []
+
+            def begin(self, prompt_ids): pass
+            def propose(self, k, params, generator, *, p_min=0.0): return Draft([token] * k)
+            def commit(self, n_accepted, next_token): self.commits.append((n_accepted, next_token))
+            def reset(self): pass
+
+        return Repeater()
+
+
+def test_k_is_capped_by_the_room_left_in_the_context():
+    """A round verifies K+1 positions past the committed text, so K stays below the context's room whatever
+    the policy asks and whatever the drafter would propose; the answer ends exactly at the context end
+    (mutant: `room = max_context + len(seq)`, which let K = 6 run past it with a drafter that does not cap
+    itself)."""
+    from tiny import tiny_llama
+
+    from edgespec.engine import STOP_CONTEXT, SpeculativeEngine
+    from edgespec.policy import FixedK
+    from edgespec.target import TorchTarget
+
+    target = TorchTarget(tiny_llama(vocab_size=32, seed=0), max_context=24)
+    engine = SpeculativeEngine(target, _Repeater(3))
+    prompt = [5, 9, 14, 3, 7, 1, 11, 4, 8, 6, 12, 10, 13, 15, 16, 17, 18, 19, 20]  # 19 of 24 positions
+    length, ks = len(prompt), []
+    for step in engine.generate(prompt, max_new_tokens=50, policy=FixedK(6)):
+        assert step.k <= 24 - length - 1, (step.k, length)
+        ks.append(step.k)
+        length += len(step.tokens)
+    assert length == 24 and step.stop_reason == STOP_CONTEXT
+    assert ks[0] == 4  # the policy's 6 cut to the room (5 positions: 4 drafts and the bonus)
+
+
+def test_a_guess_round_tells_the_drafter_each_token_as_not_proposed_by_it():
+    """On an exact target a K = 0 round fills its padding rows with guesses the drafter never proposed, so it
+    hears the round's tokens one by one with n_accepted = 0, never as accepted drafts of its own (mutant:
+    `(1, t)`, which told it one of its (nonexistent) drafts was kept)."""
+    from tiny import tiny_llama
+
+    from edgespec.engine import SpeculativeEngine
+    from edgespec.policy import FixedK
+    from edgespec.target import TorchTarget
+
+    target = TorchTarget(tiny_llama(vocab_size=32, seed=0))
+    target.lm.min_rows = 2  # a short step runs as two rows: one padding row for a guess
+    drafter = _Repeater(3)
+    prompt = [5, 9, 14, 3] * 4
+    steps = list(SpeculativeEngine(target, drafter).generate(prompt, max_new_tokens=12, policy=FixedK(0)))
+    assert any(s.n_drafted == 1 for s in steps)  # guess rounds happened
+    assert drafter.commits == [(0, t) for s in steps for t in s.tokens]
+
+
+def test_cut_at_eos_keeps_the_draft_up_to_its_first_end_of_answer():
+    """Nothing after an EOS can be emitted, so the draft is cut right after the first one, wherever it is,
+    its p_draft rows with it, and a draft without p_draft stays without (mutants: scanning `tokens[:-2]`, which
+    missed an EOS second to last; `p_draft[...]` taken of None)."""
+    from edgespec.drafters import Draft
+    from edgespec.engine import cut_at_eos
+
+    eos = frozenset({2})
+    assert cut_at_eos(Draft([5, 2, 7]), eos).tokens == [5, 2]
+    assert cut_at_eos(Draft([5, 2, 7]), eos).p_draft is None
+    assert cut_at_eos(Draft([2, 2, 7, 8]), eos).tokens == [2]
+    assert cut_at_eos(Draft([5, 7, 2]), eos).tokens == [5, 7, 2]  # an EOS last needs no cut
+    rows = torch.eye(4)[[1, 2, 3]]
+    cut = cut_at_eos(Draft([1, 2, 3], p_draft=rows), eos)
+    assert cut.tokens == [1, 2] and torch.equal(cut.p_draft, rows[:2])
+
+
+def test_the_shadow_proposal_gets_the_requests_sampling_params():
+    """While K = 0 a free drafter is still consulted in the shadow, through the same protocol call as a real
+    proposal: it gets the request's SamplingParams, the draft generator and p_min 0, like any other proposal
+    (mutant: `propose(k_max, None, ...)`, under which a lookup that reads its params fails in the shadow)."""
+    from tiny import tiny_llama
+
+    from edgespec.drafters import NgramDrafter
+    from edgespec.engine import SpeculativeEngine
+    from edgespec.policy import AdaptiveK
+    from edgespec.sampling import SamplingParams
+    from edgespec.target import TorchTarget
+
+    class Off(AdaptiveK):
+        def next_k(self, **state):
+            return 0
+
+    class Spy(NgramDrafter):
+        def __init__(self):
+            super().__init__(min_ngram=1, weak_ngram=0)
+            self.seen = []
+
+        def propose(self, k, params, generator, *, p_min=0.0):
+            self.seen.append((k, params, isinstance(generator, torch.Generator), p_min))
+            return super().propose(k, params, generator, p_min=p_min)
+
+    drafter, params = Spy(), SamplingParams(temperature=0.7, top_k=5, seed=3)
+    steps = list(SpeculativeEngine(TorchTarget(tiny_llama(vocab_size=32, seed=0)), drafter).generate(
+        [5, 9, 14, 3] * 4, params=params, max_new_tokens=10, policy=Off(k_max=8)))
+    assert all(s.notice is None and s.k == 0 for s in steps)
+    assert drafter.seen and all(seen == (8, params, True, 0.0) for seen in drafter.seen)
