@@ -254,3 +254,35 @@ def test_the_shadow_proposal_gets_the_requests_sampling_params():
         [5, 9, 14, 3] * 4, params=params, max_new_tokens=10, policy=Off(k_max=8)))
     assert all(s.notice is None and s.k == 0 for s in steps)
     assert drafter.seen and all(seen == (8, params, True, 0.0) for seen in drafter.seen)
+
+
+# the tiny target's greedy continuation of [5, 9, 14, 3], 30 tokens: it ends inside a "2, 10, 2, 10" loop that
+# the target keeps up for 16 more tokens, so the lookup's guesses are right and whole rounds are accepted
+LOOPING = [5, 9, 14, 3, 14, 28, 21, 13, 27, 27, 6, 25, 0, 20, 2, 10, 16, 0, 0, 0, 0, 29, 5, 8, 13, 25, 28, 21, 10,
+           17, 15, 2, 10, 2]
+
+
+@pytest.mark.parametrize("max_context,max_new_tokens", [(200, 7), (38, 100), (39, 100)])
+def test_guesses_never_go_past_the_budget_or_the_context(max_context, max_new_tokens):
+    """An exact target's padding rows are filled with guesses only as far as a token could still be emitted:
+    never more guesses than the budget leaves after the round's own token, never past the context end (mutants:
+    rows taken without `remaining`, which verified guesses that could only be cut away and counted them as
+    drafted and accepted, or without `room`, which verified past the context)."""
+    from tiny import tiny_llama
+
+    from edgespec.drafters import NgramDrafter
+    from edgespec.engine import SpeculativeEngine
+    from edgespec.policy import FixedK
+    from edgespec.target import TorchTarget
+
+    target = TorchTarget(tiny_llama(vocab_size=32, seed=0), max_context=max_context)
+    target.lm.min_rows = 4  # three padding rows a round
+    prompt = LOOPING
+    length, generated, n_guessed = len(prompt), 0, 0
+    for step in SpeculativeEngine(target, NgramDrafter()).generate(prompt, max_new_tokens=max_new_tokens,
+                                                                     policy=FixedK(0)):
+        assert step.n_drafted + 1 <= min(max_new_tokens - generated, max_context - length), step
+        assert step.n_from_draft <= step.n_accepted <= step.n_drafted
+        n_guessed += step.n_drafted
+        length, generated = length + len(step.tokens), generated + len(step.tokens)
+    assert n_guessed >= 2 and length == min(len(prompt) + max_new_tokens, max_context)
