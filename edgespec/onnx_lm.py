@@ -22,7 +22,11 @@ from .lm import feed_padded
 # The builder's I/O names; genai_config.json may spell them out, and then we read them from there.
 _PAST_KEY, _PAST_VALUE = "past_key_values.%d.key", "past_key_values.%d.value"
 _PRESENT_KEY, _PRESENT_VALUE = "present.%d.key", "present.%d.value"
-_MIN_CAPACITY = 256  # KV positions allocated at first; the buffer doubles from there as the chat grows
+_MIN_CAPACITY = 256  # KV positions allocated at first on a GPU; the buffer doubles from there as the chat grows
+# A feed longer than this (a prefill) runs in chunks of it: ORT computes and allocates the logits of every row it
+# runs (a target's LM head is not pruned) and its arena keeps the peak: one 2,400-token SmolLM2 feed added 1 GB of
+# RSS for good, the same tokens in 256-token chunks 200 MB (scripts/soak.py, docs/soak/).
+PREFILL_CHUNK = 256
 _ORT_DTYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16}
 
 
@@ -167,7 +171,8 @@ class OnnxLM:
         self._length = 0
 
     def reserve(self, total: int) -> None:
-        """Nothing to size ahead: the KV buffers grow as feeds need them (`_reserve`)."""
+        """Nothing to size ahead: the KV buffers are allocated for the whole context on the CPU (and grow as feeds
+        need them on a GPU: `_reserve`)."""
 
     def feed(self, ids: list[int], logits_for: int) -> torch.Tensor:
         if not ids:
@@ -177,6 +182,8 @@ class OnnxLM:
             raise ValueError(f"logits_for={logits_for} must be between 0 and {n}")
         if n < self.min_rows and not self.last_logits_only and self._length + self.min_rows <= self.max_context:
             return feed_padded(self, ids, logits_for)
+        if n > PREFILL_CHUNK:
+            return self._feed_chunked(ids, logits_for)
         if logits_for > 1 and self.last_logits_only:
             raise ValueError(f"{self.description} computes the last position's logits only (pruned LM head), "
                              f"asked for {logits_for}; use a model exported without last_logits_only")
@@ -200,6 +207,16 @@ class OnnxLM:
         rows = logits.shape[1]
         return torch.from_numpy(np.ascontiguousarray(logits[0, rows - logits_for:], dtype=np.float32))
 
+    def _feed_chunked(self, ids: list[int], logits_for: int) -> torch.Tensor:
+        """`feed` in chunks of `PREFILL_CHUNK` tokens, each returning the rows of the last `logits_for` it holds."""
+        n, first_wanted, rows = len(ids), len(ids) - logits_for, []
+        if self._length + n > self.max_context:
+            raise ValueError(f"{self._length + n} tokens exceed the model's context of {self.max_context}")
+        for start in range(0, n, PREFILL_CHUNK):
+            end = min(start + PREFILL_CHUNK, n)
+            rows.append(self.feed(ids[start:end], max(0, end - max(start, first_wanted))))
+        return torch.cat(rows) if logits_for else torch.empty(0, self.vocab_size)
+
     def crop(self, length: int) -> None:
         if not 0 <= length <= self._length:
             raise ValueError(f"cannot crop a cache of {self._length} tokens to {length}")
@@ -216,7 +233,13 @@ class OnnxLM:
         """
         if total <= self._capacity:
             return
-        capacity = min(self.max_context, max(total, 2 * self._capacity, _MIN_CAPACITY))
+        if self.device == "cpu":
+            # The whole context at once: np.zeros takes fresh zero pages from the OS, which count in RSS only when
+            # written, so the buffers cost what the chat has used and are never copied or left behind by a
+            # doubling (that grew RSS in steps of 100-240 MB for good, long after the chat had warmed up).
+            capacity = self.max_context
+        else:
+            capacity = min(self.max_context, max(total, 2 * self._capacity, _MIN_CAPACITY))
         arrays, values = [], []
         for i in range(len(self._past_names)):
             array = np.zeros((1, self._kv_heads, capacity, self._head_dim), dtype=self._kv_dtype)

@@ -246,6 +246,24 @@ def test_cache_grows_past_its_first_allocation_and_keeps_its_contents(exports):
         lm.feed(list(range(CONTEXT)), 1)  # past the model's context
 
 
+def test_a_long_feed_runs_in_chunks_and_returns_the_rows_asked_for(exports):
+    """A prefill longer than PREFILL_CHUNK runs as chunks (bounded logits memory): the rows asked for, across a
+    chunk boundary, are those of the same tokens fed in short steps."""
+    from edgespec.onnx_lm import PREFILL_CHUNK
+
+    lm = OnnxLM(exports["fp32"], threads=1)
+    ids = [(5 * i) % 90 + 3 for i in range(PREFILL_CHUNK + 40)]
+    wanted = 60  # the last 60 rows: 20 in the first chunk, 40 in the second
+    got = lm.feed(ids, wanted)
+    assert got.shape == (wanted, lm.vocab_size) and lm.length == len(ids)
+    steps = OnnxLM(exports["fp32"], threads=1)
+    steps.feed(ids[:len(ids) - wanted], 0)
+    expected = torch.cat([steps.feed(ids[i:i + 10], 10) for i in range(len(ids) - wanted, len(ids), 10)])
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    lm.reset()
+    assert lm.feed(ids, 0).shape == (0, lm.vocab_size) and lm.length == len(ids)
+
+
 def test_int4_model_loads_and_tracks_fp32(exports):
     fp32 = OnnxLM(exports["fp32"], threads=1)
     int4 = OnnxLM(exports["int4"], threads=1)
