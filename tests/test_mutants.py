@@ -286,3 +286,31 @@ def test_guesses_never_go_past_the_budget_or_the_context(max_context, max_new_to
         n_guessed += step.n_drafted
         length, generated = length + len(step.tokens), generated + len(step.tokens)
     assert n_guessed >= 2 and length == min(len(prompt) + max_new_tokens, max_context)
+
+
+def test_the_policy_hears_a_guess_round_as_a_round_without_drafts():
+    """Guesses on an exact target's padding rows cost nothing and were not asked for by the policy: it hears
+    such a round as K = 0 with nothing drafted or accepted, or it would learn acceptance from free guesses
+    (mutant: `_observe(..., guess=None, ...)`, which reported the guesses as drafts)."""
+    from tiny import tiny_llama
+
+    from edgespec.drafters import NgramDrafter
+    from edgespec.engine import SpeculativeEngine
+    from edgespec.policy import FixedK
+    from edgespec.target import TorchTarget
+
+    class Recording(FixedK):
+        def __init__(self):
+            super().__init__(0)
+            self.heard = []
+
+        def observe(self, k, n_drafted, n_accepted, draft_s, verify_s, **kw):
+            self.heard.append((k, n_drafted, n_accepted, kw.get("drafted")))
+            super().observe(k, n_drafted, n_accepted, draft_s, verify_s, **kw)
+
+    target = TorchTarget(tiny_llama(vocab_size=32, seed=0))
+    target.lm.min_rows = 4
+    policy = Recording()
+    steps = list(SpeculativeEngine(target, NgramDrafter()).generate(LOOPING, max_new_tokens=12, policy=policy))
+    assert any(s.n_drafted > 0 and s.n_accepted > 0 for s in steps)  # accepted guesses happened
+    assert policy.heard == [(0, 0, 0, 0)] * len(steps)
