@@ -421,6 +421,26 @@ def test_gguf_checkpoint_exports_to_onnx_that_matches_torch(exports):
     torch.testing.assert_close(onnx_lm.feed(ids, len(ids)), torch_lm.feed(ids, len(ids)), atol=1e-4, rtol=1e-4)
     assert onnx_lm.eos_token_ids == [260]
 
+def test_llama_cpp_runs_the_tiny_gguf_as_its_dequantised_checkpoint_does(exports):
+    """The llama.cpp backend on a GGUF written here: its logits are those of transformers on the dequantised
+    weights (llama.cpp also quantises activations for Q8_0 matmuls: close, not equal), and crop + feed equals a
+    fresh prefill."""
+    pytest.importorskip("llama_cpp")
+    from edgespec.llamacpp_lm import LlamaCppLM
+
+    lm = LlamaCppLM(exports["gguf"], threads=1)
+    assert lm.vocab_size == GGUF_VOCAB and lm.max_context == CONTEXT
+    ref = TorchLM(AutoModelForCausalLM.from_pretrained(exports["gguf_hf"], dtype=torch.float32))
+    ref.reset()
+    expected = ref.feed(PROMPT, len(PROMPT))
+    got = lm.feed(PROMPT, len(PROMPT))
+    # measured 0.9997 (another model's logits correlate at ~0.03; a random tiny model's near-ties make argmax no test)
+    assert _corr(got, expected) > 0.995
+    lm.crop(10)
+    again = lm.feed(PROMPT[10:], len(PROMPT) - 10)
+    torch.testing.assert_close(again, got[10:], atol=1e-3, rtol=1e-3)
+
+
 
 @pytest.mark.parametrize("content", [b"", b"not a gguf file at all\n", b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 40])
 def test_gguf_to_hf_rejects_files_that_are_not_gguf(cache, tmp_path, content):
