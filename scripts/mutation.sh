@@ -8,7 +8,8 @@
 # never in the working tree: mutmut writes its mutants/ folder there. The per-group results (counts per module
 # and the diff of every surviving mutant) are written to docs/mutation-report/GROUP.txt in this checkout.
 # Env: PY (python with mutmut installed, default .venv/bin/python), MAX_CHILDREN (default 2), LIMIT_S (a hard
-# wall-clock limit per group, default 5400), MUTANTS (glob(s) of mutant names to run, e.g. 'edgespec.engine.*').
+# wall-clock limit per group, default 5400), MUTANTS (glob(s) of mutant names to run, e.g. 'edgespec.engine.*'),
+# REPORT_ONLY=1 (no run: rewrite the report from $MUT_DIR/GROUP's last results).
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -56,6 +57,9 @@ config_for() {  # the [mutmut] section of setup.cfg for one group
 
 for group in "${GROUPS_TO_RUN[@]}"; do
     work="$MUT_DIR/$group"
+    if [ -n "${REPORT_ONLY:-}" ]; then  # rewrite the report from the last run's results (e.g. after rerunning
+        cd "$work"; rc="report-only"    # survivors with `mutmut run NAME...` there)
+    else
     rm -rf "$work" && mkdir -p "$work"
     (cd "$ROOT" && git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$work" 2>/dev/null || true)
     cd "$work"
@@ -70,6 +74,7 @@ for group in "${GROUPS_TO_RUN[@]}"; do
     rc=$?
     set -e
     echo "== $group: mutmut exited $rc at $(date -u +%H:%M:%S) (124/130: hit LIMIT_S=$LIMIT_S)" >&2
+    fi
     mkdir -p "$ROOT/docs/mutation-report"
     "$PY" - "$group" "$rc" "$PY" > "$ROOT/docs/mutation-report/$group.txt" <<'EOF'
 import collections, subprocess, sys
