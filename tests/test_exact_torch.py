@@ -103,6 +103,9 @@ class RowNoise:
     def length(self):
         return self._n
 
+    def reserve(self, total):
+        pass  # (a CausalLM: nothing to size)
+
     def reset(self):
         self._n = 0
 

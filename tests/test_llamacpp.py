@@ -78,13 +78,15 @@ def test_a_prefill_longer_than_n_batch_is_chunked(gguf):
 
 @pytest.fixture(scope="module")
 def runtime():
-    return build_runtime(RuntimeSpec(pair="smollm2-135m", draft="int8", target_backend="llamacpp", threads=2),
-                         progress=lambda _: None)
+    # --exact: llama.cpp's rows are not always bitwise the same across step sizes (1 greedy mismatch in 8 bench
+    # prompts without it on an AVX-512 EPYC, docs/bench/llamacpp/), so token identity is checked as users get it
+    return build_runtime(RuntimeSpec(pair="smollm2-135m", draft="int8", target_backend="llamacpp", threads=2,
+                                     exact=True), progress=lambda _: None)
 
 
 def test_greedy_speculation_equals_plain_decoding_on_this_backend(runtime):
     rt = runtime
-    assert rt.engine.target.description.startswith("llama.cpp")
+    assert rt.engine.target.description.startswith("llama.cpp") and rt.engine.target.min_rows >= 2
     session = ChatSession(rt.engine, rt.tokenizer)
     accepted = 0
     for messages in MESSAGES:

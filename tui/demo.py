@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import threading
 import time
-from types import SimpleNamespace
 
 from edgespec.metrics import SpecMetrics
 
@@ -44,6 +43,7 @@ class ScriptedSession:
         self.delay_s = delay_s
 
     def reply(self, messages, settings, *, system=None, cancel: threading.Event | None = None):
+        from edgespec.engine import Step
         from edgespec.session import DRAFT, TARGET, Chunk
 
         tokens = demo_tokens(self.answers.get(messages[-1]["content"], self.answer))
@@ -56,9 +56,8 @@ class ScriptedSession:
             n_acc = min(ACCEPTED[r % len(ACCEPTED)] if k else 0, len(tokens) - i - 1)
             emitted = tokens[i:i + n_acc + 1]
             elapsed += 0.070 if k else 0.047  # one verify pass (+ drafting) per round
-            metrics.add(SimpleNamespace(k=k, n_drafted=k, n_accepted=n_acc, tokens=emitted, n_from_draft=n_acc,
-                                        prefill_ms=30.0 if r == 0 else 0.0, draft_ms=0.0, verify_ms=0.0,
-                                        elapsed_s=elapsed))
+            metrics.add(Step(tokens=emitted, n_from_draft=n_acc, k=k, n_drafted=k, n_accepted=n_acc, draft_ms=0.0,
+                             verify_ms=0.0, prefill_ms=30.0 if r == 0 else 0.0, elapsed_s=elapsed))
             pieces = []
             if n_acc:
                 pieces.append(("".join(emitted[:-1]), DRAFT))
