@@ -405,8 +405,10 @@ def run_bench_for(spec, *, ks: Sequence[int | str], params, prompts: Sequence[di
         if rt.target_gguf is not None and llamacpp_lm.available():
             # What users run otherwise: plain llama.cpp decoding of the same GGUF on the same threads, through the
             # same library and the same loop (K = 0), timed the same way.
-            lm = llamacpp_lm.LlamaCppLM(rt.target_gguf, threads=spec.threads, name="anchor")
-            configs.append(engine_config(LLAMA_CPP, SpeculativeEngine(ModelTarget(lm), None, eos_token_ids=eos),
+            # (a llama.cpp target is that model already: no second copy loaded)
+            anchor = target if rt.target_backend == "llamacpp" else ModelTarget(
+                llamacpp_lm.LlamaCppLM(rt.target_gguf, threads=spec.threads, name="anchor"))
+            configs.append(engine_config(LLAMA_CPP, SpeculativeEngine(anchor, None, eos_token_ids=eos),
                                          lambda: FixedK(0)))
         elif rt.target_gguf is not None:
             notes.append(f"the plain llama.cpp anchor needs the llama.cpp backend ({llamacpp_lm.INSTALL_HINT}); skipped")

@@ -95,8 +95,7 @@ def measure_verify(target, context_ids: list[int], ns: range, repeats: int) -> t
 def _draft_in_full(drafter) -> None:
     """Timing k drafted tokens: a model drafter an engine told its end-of-answer ids would stop at one and time
     fewer (each engine request sets them again)."""
-    if hasattr(drafter, "stop_ids"):
-        drafter.stop_ids = frozenset()
+    drafter.stop_ids = frozenset()
 
 
 def measure_propose(drafter, context_ids: list[int], k_max: int, repeats: int) -> list[float]:
@@ -958,7 +957,7 @@ def run_profile(spec, *, k_max: int = 8, quick: bool = False, p_min_candidates: 
                     engine, calib, k_max, temperature, max_new, p_min=p_min)
                 bar.update(1)
         acceptance[name], reach[name] = dict(by_p_min[name]["0"]["acceptance"]), dict(by_p_min[name]["0"]["reach"])
-    descriptions = {name: getattr(d, "description", name) for name, d in drafters.items()}
+    descriptions = {name: d.description for name, d in drafters.items()}
     pair = {"name": rt.pair or Path(spec.target or "custom").name, "target": rt.target_description,
             "target_backend": rt.target_backend, "draft": rt.draft_description or "none"}
     overlap = None

@@ -137,17 +137,22 @@ def test_the_cost_model_is_reported_beside_the_measured_speed_up():
     assert bench.predictions(summarise(old, greedy=False), lat) == {}
 
 
-def test_a_report_is_rerendered_from_its_json_with_a_profile_s_predictions(tmp_path, capsys):
-    from test_profiling import sample_profile
-
-    from edgespec import profiling
-
+def written_sample(tmp_path):
+    """A small sampled run (target-only and int8@2 on one prompt) written as a report: its paths."""
     met = m(drafted=10, accepted=6, forwards=5, emitted=10, per_d=[5, 5], per_a=[4, 2])
     met.update(asked_per_position=[5, 5], catch_up_ms=0.0)
     records = [rec(TARGET_ONLY, "a", "qa", 0, 10, 1.0, m(0, 0, 10, 10, [], [])), rec("int8@2", "a", "qa", 0, 10, 0.6, met)]
     result = bench.BenchResult(command="x", machine={}, settings={}, records=records, summary=summarise(records, greedy=False),
                                load_before=(0, 0, 0), load_after=(0, 0, 0), peak_rss_mb=0, wall_s=1, notes=[])
-    paths = bench.write_outputs(result, tmp_path, "run")
+    return bench.write_outputs(result, tmp_path, "run")
+
+
+def test_a_report_is_rerendered_from_its_json_with_a_profile_s_predictions(tmp_path, capsys):
+    from test_profiling import sample_profile
+
+    from edgespec import profiling
+
+    paths = written_sample(tmp_path)
     assert "Cost model" not in paths["md"].read_text()  # the run had no profile
     profile = profiling.write_profile(sample_profile(), tmp_path / "p.toml")
     assert main(["bench", "--report", str(paths["json"]), "--profile", str(profile)]) == 0
@@ -324,12 +329,7 @@ def test_rerender_from_python_reproduces_the_report_and_takes_a_profile(tmp_path
 
     from edgespec import profiling
 
-    met = m(drafted=10, accepted=6, forwards=5, emitted=10, per_d=[5, 5], per_a=[4, 2])
-    met.update(asked_per_position=[5, 5], catch_up_ms=0.0)
-    records = [rec(TARGET_ONLY, "a", "qa", 0, 10, 1.0, m(0, 0, 10, 10, [], [])), rec("int8@2", "a", "qa", 0, 10, 0.6, met)]
-    result = bench.BenchResult(command="x", machine={}, settings={}, records=records, summary=summarise(records, greedy=False),
-                               load_before=(0, 0, 0), load_after=(0, 0, 0), peak_rss_mb=0, wall_s=1, notes=[])
-    written = bench.write_outputs(result, tmp_path, "run")
+    written = written_sample(tmp_path)
     md, js = written["md"].read_text(), written["json"].read_text()
     again, paths = bench.rerender(written["json"])
     assert paths == written and paths["md"].read_text() == md and paths["json"].read_text() == js

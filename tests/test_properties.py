@@ -138,9 +138,10 @@ class Model:
         return self.rows[prefix]
 
 
-def target_joint(p: Model, length: int) -> dict[tuple[int, ...], float]:
-    out = {(): 1.0}
-    for _ in range(length):
+def target_joint(p: Model, length: int, prefix: tuple[int, ...] = ()) -> dict[tuple[int, ...], float]:
+    """The target alone continuing `prefix` to `length` tokens: every sequence and its exact probability."""
+    out = {prefix: 1.0}
+    for _ in range(length - len(prefix)):
         nxt = {}
         for seq, w in out.items():
             row = p(seq)
@@ -172,23 +173,11 @@ def round_then_target(p: Model, q: Model, k: int, with_guess: bool) -> dict[tupl
             for (n, token), w in exact_verdicts(list(x), p_draft, p_target, guess).items():
                 emitted = x[:n] + (token,)
                 if emitted not in continuation:
-                    continuation[emitted] = _continue(p, emitted, k + 1)
+                    continuation[emitted] = target_joint(p, k + 1, emitted)
                 for seq, wc in continuation[emitted].items():
                     out[seq] += qx * wg * w * wc
     return out
 
-
-def _continue(p: Model, prefix, length):
-    out = {prefix: 1.0}
-    for _ in range(length - len(prefix)):
-        nxt = {}
-        for seq, w in out.items():
-            row = p(seq)
-            for t in range(p.vocab):
-                if row[t] > 0:
-                    nxt[seq + (t,)] = w * row[t].item()
-        out = nxt
-    return out
 
 
 def max_gap(a: dict, b: dict) -> float:
