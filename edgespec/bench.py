@@ -534,10 +534,10 @@ def profile_latencies(profile, drafters: Sequence[str], threads: tuple[int | Non
     for overlap (`[overlap]`), those latencies, as the run's target-only baseline ran on the same split."""
     measured = profile.data.get("drafters", {})
     path = profile.path
-    if path is not None:  # the repo's own profiles by their repo path, not this checkout's absolute one
+    if path is not None:  # the shipped profiles by their path in the package, not this install's absolute one
         from .profiling import PROFILES_DIR
 
-        root, resolved = PROFILES_DIR.parent, Path(path).resolve()
+        root, resolved = PROFILES_DIR.parents[2], Path(path).resolve()
         path = resolved.relative_to(root) if resolved.is_relative_to(root) else path
     out = {"profile": str(path) if path else None, "drafters": {}}
     split = threads != (None, None) and profile.split() == tuple(threads)

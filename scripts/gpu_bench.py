@@ -146,7 +146,7 @@ def main() -> None:
     ap.add_argument("--k-max", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--draft-threads", default="4,16", help="ORT CPU threads for the draft, comma list")
-    ap.add_argument("--profile-glob", default=str(Path(__file__).resolve().parent.parent / "profiles" / "*qwen2.5-coder-1.5b-onnx.toml"))
+    ap.add_argument("--profile-glob", default=str(Path(__file__).resolve().parent.parent / "edgespec" / "data" / "profiles" / "*qwen2.5-coder-1.5b-onnx.toml"))
     ap.add_argument("--tiny", action="store_true", help="tiny shapes: a smoke test of this script on a CPU")
     args = ap.parse_args()
     out = Path(args.out)

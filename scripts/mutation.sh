@@ -43,7 +43,7 @@ config_for() {  # the [mutmut] section of setup.cfg for one group
         echo "[mutmut]"
         echo "source_paths = edgespec"
         echo "only_mutate ="; for p in $only; do echo "    $p"; done
-        echo "also_copy ="; for p in tui models profiles README.md; do echo "    $p"; done
+        echo "also_copy ="; for p in tui README.md; do echo "    $p"; done
         echo "pytest_add_cli_args_test_selection ="
         # one argument per line, as mutmut's setup.cfg reader splits lists on newlines
         eval "set -- $tests"; for a in "$@"; do echo "    $a"; done

@@ -141,6 +141,19 @@ def test_default_path_keeps_torch_dtypes_apart():
     assert profiling.default_path(data).name == "test-cpu-2c-isa-unknown-demo-onnx.toml"
 
 
+def test_profiles_are_written_to_the_user_data_dir_and_read_before_the_shipped_ones(tmp_path, monkeypatch):
+    monkeypatch.setenv("EDGESPEC_DATA", str(tmp_path / "data"))
+    shipped = tmp_path / "shipped"
+    monkeypatch.setattr(profiling, "PROFILES_DIR", shipped)
+    data = sample_profile()
+    assert profiling.default_path(data).parent == tmp_path / "data" / "profiles"
+    assert profiling.profile_dirs() == [tmp_path / "data" / "profiles", shipped]
+    profiling.write_profile(data, shipped / "demo.toml")
+    assert profiling.find_profile("demo", "onnx", HW).path == shipped / "demo.toml"
+    mine = profiling.write_profile(data, profiling.default_path(data))
+    assert profiling.find_profile("demo", "onnx", HW).path == mine  # the user's own measurement wins
+
+
 def test_a_profile_applies_only_to_a_cpu_with_the_same_features(tmp_path, monkeypatch):
     # Two virtual machines both calling themselves "AMD EPYC" ran the same model 5x apart: AVX-512 VNNI vs AVX2.
     monkeypatch.setattr(profiling, "profile_dirs", lambda: [tmp_path])
@@ -409,7 +422,7 @@ def test_run_profile_measures_and_writes_from_python(tiny_checkpoints, tmp_path,
 
 def test_profile_listing_marks_the_profile_that_applies_here(tmp_path, monkeypatch):
     monkeypatch.setattr(profiling, "profile_dirs", lambda: [tmp_path])
-    assert profiling.profile_listing(HW).splitlines() == [
+    assert profiling.profile_listing(HW).splitlines()[:2] == [
         "no profiles yet; run `edgespec profile --pair PAIR`", f"this machine: {profiling.machine_key(HW)}"]
     profiling.write_profile(sample_profile(), tmp_path / "here.toml")
     other = sample_profile()
@@ -417,7 +430,8 @@ def test_profile_listing_marks_the_profile_that_applies_here(tmp_path, monkeypat
     profiling.write_profile(other, tmp_path / "there.toml")
     (tmp_path / "bad.toml").write_text("not toml [")
     lines = profiling.profile_listing(HW).splitlines()
-    assert len(lines) == 4 and lines[-1] == f"this machine: {profiling.machine_key(HW)}"
+    assert len(lines) == 5 and lines[-2] == f"this machine: {profiling.machine_key(HW)}"
+    assert str(profiling.user_profiles_dir()) in lines[-1] and str(profiling.PROFILES_DIR) in lines[-1]
     assert lines[0].startswith(str(tmp_path / "bad.toml") + ": ")
     assert "[applies here]  pair demo" in lines[1] and "here.toml" in lines[1]
     assert "[other machine]" in lines[2] and "there.toml" in lines[2]
