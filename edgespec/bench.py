@@ -295,7 +295,7 @@ def run_bench(configs: Sequence[Config], prompts: Sequence[dict], encode: Callab
                        peak, time.perf_counter() - start)
 
 
-MODEL_DRAFTERS = ("int4", "int8", "torch")
+MODEL_DRAFTERS = ("int4", "int8", "torch", "llamacpp")
 
 
 def run_bench_for(spec, *, ks: Sequence[int | str], params, prompts: Sequence[dict] | None = None,
@@ -334,7 +334,7 @@ def run_bench_for(spec, *, ks: Sequence[int | str], params, prompts: Sequence[di
     wanted = list(drafters) if drafters else None
     for name in wanted or []:
         if name not in (*MODEL_DRAFTERS, "ngram"):
-            raise EdgespecError(f"unknown drafter {name!r} in --drafters; use some of int4, int8, torch, ngram")
+            raise EdgespecError(f"unknown drafter {name!r} in --drafters; use some of {', '.join(MODEL_DRAFTERS)}, ngram")
     spec = replace(spec)  # the caller's spec stays as given
     if wanted and spec.draft in (None, *MODEL_DRAFTERS, "ngram", "none"):
         # load the first model drafter asked for; the n-gram drafter needs no model

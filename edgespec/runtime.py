@@ -18,7 +18,8 @@ from .errors import EdgespecError
 
 DEFAULT_PAIR = "smollm2-135m"
 TARGET_BACKENDS = ("auto", "torch", "onnx", "llamacpp")
-DRAFTERS = ("int4", "int8", "torch", "ngram", "none")
+DRAFTERS = ("int4", "int8", "torch", "llamacpp", "ngram", "none")
+MODEL_DRAFT_BACKENDS = ("int4", "int8", "torch", "llamacpp")  # how a draft model runs
 
 
 @dataclass
@@ -38,6 +39,7 @@ class RuntimeSpec:
     # (`edgespec.hardware.overlap_split`).
     overlap: bool | None = None
     exact: bool = False  # the target's short steps run padded to the rows that make it exact (`lm.exact_rows`): greedy output bitwise the same at every K
+    compile: bool | None = None  # a torch target's steps under torch.compile (`edgespec.compiled_lm`); None: `compiles` decides
 
     @classmethod
     def from_args(cls, args) -> RuntimeSpec:
@@ -46,7 +48,7 @@ class RuntimeSpec:
                    target_backend=args.target_backend, target_device=args.target_device,
                    draft_device=args.draft_device, dtype=args.dtype, threads=args.threads,
                    draft_threads=getattr(args, "draft_threads", None), overlap=getattr(args, "overlap", None),
-                   exact=getattr(args, "exact", False))
+                   exact=getattr(args, "exact", False), compile=getattr(args, "compile", None))
 
 
 @dataclass
@@ -60,6 +62,7 @@ class Runtime:
     target_hf_dir: Path | None = None  # the transformers checkpoints behind the models, when there are ones
     draft_hf_dir: Path | None = None
     target_gguf: Path | None = None  # the target's GGUF file, when it came as one (llama.cpp runs it as it is)
+    draft_gguf: Path | None = None
     target_backend: str = "onnx"
     pair_self_draft: bool = False  # the pair drafts with its own target model (quantised)
     spec: RuntimeSpec | None = None  # what it was built from (extra drafters are placed the same way)
@@ -67,12 +70,26 @@ class Runtime:
 
 
 def planned_backend(spec: RuntimeSpec) -> str:
-    """The target backend `build_runtime` will use for `spec` (torch on CUDA, ONNX Runtime on the CPU)."""
+    """The target backend `build_runtime` will use for `spec`: torch on CUDA; on the CPU a GGUF target runs on
+    llama.cpp's own kernels when the backend is installed (the fastest there are for the format: 2.65x the ONNX
+    fp32 target on the embedded default, docs/bench/llamacpp/), anything else on ONNX Runtime."""
+    from . import llamacpp_lm
     from .hardware import check_device
 
     if spec.target_backend != "auto":
         return spec.target_backend
-    return "torch" if check_device(spec.target_device, flag="--target-device").startswith("cuda") else "onnx"
+    if check_device(spec.target_device, flag="--target-device").startswith("cuda"):
+        return "torch"
+    return "llamacpp" if target_is_gguf(spec) and llamacpp_lm.available() else "onnx"
+
+
+def target_is_gguf(spec: RuntimeSpec) -> bool:
+    """Whether the target `spec` names comes as a GGUF file (a pair's manifest says so, or the path ends .gguf)."""
+    from .models import load_manifest
+
+    if spec.target is not None:
+        return str(spec.target).lower().endswith(".gguf")
+    return load_manifest(spec.pair or DEFAULT_PAIR).target.format == "gguf"
 
 
 def planned_torch_detail(spec: RuntimeSpec) -> str | None:
@@ -86,7 +103,23 @@ def planned_torch_detail(spec: RuntimeSpec) -> str | None:
     if planned_backend(spec) != "torch":
         return None
     device = torch.device(check_device(spec.target_device, flag="--target-device"))
-    return torch_description(device, pick_dtype(spec.dtype, device))
+    return torch_description(device, pick_dtype(spec.dtype, device)) + (" compiled" if compiles(spec) else "")
+
+
+def compiles(spec: RuntimeSpec) -> bool:
+    """Whether the target runs compiled (`edgespec.compiled_lm`): as --compile says on a torch target; not given,
+    on CUDA as `COMPILE_ON_CUDA_DEFAULT` says and never on the CPU. --compile on another backend is an error."""
+    from .compiled_lm import COMPILE_ON_CUDA_DEFAULT
+    from .hardware import check_device
+
+    backend = planned_backend(spec)
+    if spec.compile and backend != "torch":
+        raise EdgespecError(f"--compile compiles a torch target and this target runs on {backend}; "
+                            "add --target-backend torch or drop --compile")
+    if spec.compile is not None:
+        return spec.compile
+    return (COMPILE_ON_CUDA_DEFAULT and backend == "torch"
+            and check_device(spec.target_device, flag="--target-device").startswith("cuda"))
 
 
 def build_runtime(spec: RuntimeSpec, progress: Callable[[str], None] | None = None) -> Runtime:
@@ -110,15 +143,14 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
         raise EdgespecError(f"unknown target backend {spec.target_backend!r}; use one of {', '.join(TARGET_BACKENDS)}")
     target_device = check_device(spec.target_device, flag="--target-device")
     draft_device = check_device(spec.draft_device, flag="--draft-device")
-    backend = spec.target_backend
-    if backend == "auto":
-        backend = "torch" if target_device.startswith("cuda") else "onnx"
     manifest = None
     if spec.target is None:
         manifest = load_manifest(spec.pair or DEFAULT_PAIR)
     elif spec.pair is not None:
         raise EdgespecError("give either --pair or --target, not both")
+    backend = planned_backend(spec)
 
+    compiles(spec)  # --compile on a backend that cannot: the error before anything loads
     # ---- target
     if manifest is not None:
         progress(f"target: {manifest.target.upstream or manifest.name}")
@@ -145,8 +177,8 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
     # ---- drafter
     draft_path = None
     if drafter_name not in DRAFTERS:
-        if spec.draft_backend not in ("int4", "int8", "torch"):
-            raise EdgespecError(f"unknown draft backend {spec.draft_backend!r}; use int4, int8 or torch")
+        if spec.draft_backend not in MODEL_DRAFT_BACKENDS:
+            raise EdgespecError(f"unknown draft backend {spec.draft_backend!r}; use {', '.join(MODEL_DRAFT_BACKENDS)}")
         draft_path, drafter_name = drafter_name, spec.draft_backend
     drafter = None
     draft_description = None
@@ -154,7 +186,7 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
     if drafter_name == "ngram":
         drafter = NgramDrafter()
         draft_description = drafter.description
-    elif drafter_name in ("int4", "int8", "torch"):
+    elif drafter_name in MODEL_DRAFT_BACKENDS:
         if draft_path is not None:
             draft_source = _local_model(draft_path, progress)
         elif manifest is not None:
@@ -164,8 +196,8 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
             raise EdgespecError(f"--draft {drafter_name} needs a pair (--pair) or a draft path (--draft DIR)")
         if draft_source.hf_dir is not None and draft_source.hf_dir != target_source.hf_dir:
             validate_pair(target_source.hf_dir or target_source.onnx_dir, draft_source.hf_dir, tokenizer)
-        draft_backend = "torch" if drafter_name == "torch" else "onnx"
-        draft_lm = _build_lm(draft_source, draft_backend, draft_device, spec, drafter_name, "draft", progress)
+        draft_lm = _build_lm(draft_source, _lm_backend(drafter_name), draft_device, spec, drafter_name, "draft",
+                             progress)
         drafter = ModelDrafter(draft_lm, name=drafter_name)
         draft_label = _label(manifest.draft_model if manifest and draft_path is None else None, draft_path)
         draft_description = f"{draft_label} · {draft_lm.description}"
@@ -174,10 +206,11 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
     progress("ready")
     engine = SpeculativeEngine(_target(target_lm), drafter, eos_token_ids=eos, overlap=bool(spec.overlap))
     draft_hf = draft_source.hf_dir if draft_source is not None else None
+    draft_gguf = draft_source.gguf if draft_source is not None else None
     return Runtime(engine, tokenizer, f"{target_label} · {target_lm.description}", draft_description,
                    manifest.name if manifest else None, drafter_name,
                    target_hf_dir=target_source.hf_dir, draft_hf_dir=draft_hf, target_gguf=target_source.gguf,
-                   target_backend=backend,
+                   draft_gguf=draft_gguf, target_backend=backend,
                    pair_self_draft=manifest is not None and manifest.draft is None, spec=spec)
 
 
@@ -204,6 +237,7 @@ def extra_drafter(rt: Runtime, name: str):
     """Another drafter over the same models as `rt` (bench and profile compare several): the one `rt` already
     has, n-gram, or the draft model under another backend, placed as `rt`'s spec says. None when `rt` has no
     draft model to build it from."""
+    from . import llamacpp_lm
     from .drafters import ModelDrafter, NgramDrafter
     from .progress import report
 
@@ -212,12 +246,17 @@ def extra_drafter(rt: Runtime, name: str):
     if name == "ngram":
         return NgramDrafter()
     source = rt.draft_hf_dir or (rt.target_hf_dir if rt.pair_self_draft else None)
-    if source is None:
+    gguf = rt.draft_gguf or (rt.target_gguf if rt.pair_self_draft else None)
+    if source is None or (name == "llamacpp" and (gguf is None or not llamacpp_lm.available())):
         return None
     spec = rt.spec or RuntimeSpec()
-    backend = "torch" if name == "torch" else "onnx"
-    lm = _build_lm(_Source(hf_dir=source), backend, spec.draft_device, spec, name, "draft", report)
+    lm = _build_lm(_Source(hf_dir=source, gguf=gguf), _lm_backend(name), spec.draft_device, spec, name, "draft", report)
     return ModelDrafter(lm, name=name)
+
+
+def _lm_backend(drafter_name: str) -> str:
+    """The CausalLM backend a model drafter runs on: int4/int8 are ONNX Runtime precisions."""
+    return drafter_name if drafter_name in ("torch", "llamacpp") else "onnx"
 
 
 def validate_pair(target_dir: Path, draft_dir: Path, target_tokenizer) -> None:
@@ -289,6 +328,10 @@ def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onn
             raise EdgespecError(f"the {role} is an ONNX model, which only runs with --target-backend onnx")
         model = load_causal_lm(source.hf_dir, device=device, dtype=spec.dtype,
                                device_flag="--target-device" if role == "target" else "--draft-device")
+        if role == "target" and compiles(spec):
+            from .compiled_lm import compiled_lm
+
+            return compiled_lm(model, name=role, report=progress)
         return TorchLM(model, name=role)
     from .convert import hf_to_onnx
     from .onnx_lm import OnnxLM

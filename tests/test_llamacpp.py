@@ -125,6 +125,41 @@ def test_one_line_errors(tmp_path, tiny_checkpoints):
                       progress=lambda _: None)
 
 
+def test_a_gguf_target_runs_on_llama_cpp_by_default_on_the_cpu(monkeypatch, tiny_checkpoints):
+    from edgespec import llamacpp_lm
+    from edgespec.runtime import planned_backend
+
+    assert planned_backend(RuntimeSpec(pair="smollm2-135m", target_device="cpu")) == "llamacpp"
+    assert planned_backend(RuntimeSpec(target="/models/x.GGUF", target_device="cpu")) == "llamacpp"
+    # what is not a GGUF, or a machine without the backend, keeps ONNX Runtime; an explicit backend wins
+    assert planned_backend(RuntimeSpec(target=str(tiny_checkpoints["target"]), target_device="cpu")) == "onnx"
+    assert planned_backend(RuntimeSpec(pair="smollm2-135m", target_backend="onnx", target_device="cpu")) == "onnx"
+    monkeypatch.setattr(llamacpp_lm, "available", lambda: False)
+    assert planned_backend(RuntimeSpec(pair="smollm2-135m", target_device="cpu")) == "onnx"
+
+
+def test_the_default_runtime_of_the_embedded_pair_is_llama_cpp_and_says_so():
+    rt = build_runtime(RuntimeSpec(pair="smollm2-135m", draft="ngram", target_device="cpu", threads=2),
+                       progress=lambda _: None)
+    assert rt.target_backend == "llamacpp" and rt.engine.target.description.startswith("llama.cpp")
+    assert "llama.cpp" in rt.target_description
+
+
+def test_a_llama_cpp_drafter_runs_the_draft_gguf(runtime):
+    from edgespec.runtime import extra_drafter
+
+    drafter = extra_drafter(runtime, "llamacpp")  # the embedded pair drafts with its own model: its GGUF
+    assert drafter is not None and drafter.can_draft_ahead and "llama.cpp" in drafter.description
+    rt = runtime
+    ids = ChatSession(rt.engine, rt.tokenizer).encode(MESSAGES[1])
+    plain = rt.engine.run(ids, max_new_tokens=32, policy=FixedK(0)).token_ids
+    engine = SpeculativeEngine(rt.engine.target, drafter, eos_token_ids=rt.engine.eos_token_ids)
+    out = engine.run(ids, max_new_tokens=32, policy=FixedK(4))
+    assert out.token_ids == plain and not out.metrics.notices
+    # the same model at the same precision drafts: nearly every draft passes
+    assert out.metrics.num_accepted_tokens >= 0.8 * out.metrics.num_draft_tokens > 0
+
+
 def test_a_target_built_on_it_is_a_model_target(lm):
     target = ModelTarget(lm)
     assert target.min_rows == 1 and target.max_context == lm.max_context

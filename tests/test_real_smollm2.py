@@ -20,7 +20,8 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def onnx_runtime():
-    return build_runtime(RuntimeSpec(pair="smollm2-135m", draft="int4", target_device="cpu"), progress=lambda _: None)
+    return build_runtime(RuntimeSpec(pair="smollm2-135m", draft="int4", target_backend="onnx", target_device="cpu"),
+                         progress=lambda _: None)
 
 
 def greedy(rt, messages, k, n=32):
