@@ -240,7 +240,13 @@ class SpeculativeEngine:
 
 def judge(draft: Draft, logits: torch.Tensor, params: SamplingParams, rng: torch.Generator,
           guess: tuple[int, torch.Tensor] | None = None) -> Verdict:
-    """The rule on one round: greedy, or rejection sampling (a deterministic proposal is a one-hot p_draft)."""
+    """The rule on one round: greedy, or rejection sampling (a deterministic proposal is a one-hot p_draft).
+    Everything it reads is on the CPU (the device contract in `edgespec.target`)."""
+    _check_on_cpu("the target's logits", logits)
+    if draft.p_draft is not None:
+        _check_on_cpu("the drafter's p_draft", draft.p_draft)
+    if guess is not None and guess[1] is not None:
+        _check_on_cpu("the drafter's p_draft (its guess at the bonus token)", guess[1])
     if params.greedy:
         return verify_greedy(draft.tokens, logits)
     p_target = probs_from_logits(logits, params)
@@ -249,6 +255,14 @@ def judge(draft: Draft, logits: torch.Tensor, params: SamplingParams, rng: torch
     else:
         p_draft = torch.nn.functional.one_hot(torch.tensor(draft.tokens, dtype=torch.long), p_target.shape[-1]).float()
     return verify_sampling(draft.tokens, p_draft, p_target, rng, guess)
+
+
+def _check_on_cpu(what: str, tensor: torch.Tensor) -> None:
+    """A backend that breaks the device contract fails here, by name, rather than deep in the rule's arithmetic
+    (and only when sampling: a greedy argmax would work on any device)."""
+    if tensor.device.type != "cpu":
+        raise RuntimeError(f"{what} are on {tensor.device}, but the rule runs on the CPU: a Target returns CPU "
+                           f"logits and a Drafter CPU rows (the device contract, edgespec/target.py)")
 
 
 def row_guesses(seq: list[int], n: int) -> Draft:

@@ -3,6 +3,15 @@
 `ModelTarget` turns any `CausalLM` backend (torch here, ONNX Runtime in `edgespec.onnx_lm`) into a target. It
 keeps the token ids its cache holds, so a new prompt that extends the previous one (the next chat turn) only
 prefills the new part. It does not sample or decide anything: that is `edgespec.verify` and the engine.
+
+The device contract (one device for the rule): the rule runs on the CPU, on float32 rows, with the engine's CPU
+`torch.Generator`s, whatever device the models run on. So `Target.verify` returns CPU float32 logits (a target
+on a GPU copies its K+1 rows to the CPU once per round, in `ModelTarget.verify`), and a drafter's `p_draft` rows
+are CPU float32 too (`edgespec.drafters.base`). Why the CPU rather than the target's device: the rule examines
+the drafts one at a time (a uniform, a ratio, maybe a residual), so on a GPU each of its K+2 reads would wait for
+the device, the drafter's rows from ONNX Runtime on the CPU would have to be copied up, and the draws would need
+a generator per device; on the CPU it is one copy of [K+1, V] floats a round (~5 MB for a 152k vocabulary), which
+is also the moment the host waits for the GPU's verification. scripts/gpu_check.py times that copy and the rule.
 """
 
 from __future__ import annotations
@@ -16,6 +25,8 @@ from .lm import CausalLM, TorchLM
 
 @runtime_checkable
 class Target(Protocol):
+    """What the engine verifies with. `verify` returns CPU float32 logits (the device contract above)."""
+
     vocab_size: int
     max_context: int
     description: str
@@ -35,7 +46,8 @@ class Target(Protocol):
         """Make the cache hold exactly `ids` (reusing any common prefix already cached)."""
 
     def verify(self, tokens: list[int]) -> torch.Tensor:
-        """Append `tokens` and return float32 logits [len(tokens), V]: row i predicts the token after tokens[i]."""
+        """Append `tokens` and return float32 logits [len(tokens), V] on the CPU, whatever device the model runs
+        on: row i predicts the token after tokens[i]."""
 
     def rollback(self, length: int) -> None:
         """Keep only the first `length` cached tokens."""
@@ -107,7 +119,8 @@ class ModelTarget:
         self._cache.sync(ids)
 
     def verify(self, tokens: list[int]) -> torch.Tensor:
-        return self._cache.feed(tokens, len(tokens))
+        """The backend's logits, on the CPU in float32 (a no-op for a CPU backend; one copy a round on a GPU)."""
+        return self._cache.feed(tokens, len(tokens)).to("cpu", torch.float32)
 
     def rollback(self, length: int) -> None:
         self._cache.crop(length)

@@ -1,6 +1,7 @@
 """The drafter protocol (`begin`, `propose`, `commit`), its optional capabilities, and `DrafterBase`.
 
-A drafter owns its own state (a KV cache, a token history) and its own device. It returns only new tokens.
+A drafter owns its own state (a KV cache, a token history) and its own device, but hands the engine CPU rows
+(`Draft.p_draft`, `peek`) and draws with the CPU generator it is given. It returns only new tokens.
 It never sees the target's distributions; the engine tells it what was accepted through `commit`.
 
 Everything the engine calls is declared in `Drafter`. What only some drafters can do is said by three flags,
@@ -28,9 +29,10 @@ from ..sampling import SamplingParams
 
 @dataclass
 class Draft:
-    """Proposed tokens. `p_draft` is [len(tokens), V] float32 when the tokens were sampled from a
-    distribution; None when the proposal is deterministic (greedy, or a lookup), which the sampling rule
-    treats as a one-hot distribution on each token."""
+    """Proposed tokens. `p_draft` is [len(tokens), V] float32 on the CPU (the device contract in
+    `edgespec.target`: the rule runs there, whatever device the draft model runs on) when the tokens were
+    sampled from a distribution; None when the proposal is deterministic (greedy, or a lookup), which the
+    sampling rule treats as a one-hot distribution on each token."""
 
     tokens: list[int]
     p_draft: torch.Tensor | None = None

@@ -112,7 +112,7 @@ class ModelDrafter(DrafterBase):
             # A steady round feeds 1-2 tokens first (the target's token, perhaps the last accepted draft);
             # more is context the drafter has not seen yet.
             start = time.perf_counter() if len(new) > CATCH_UP else 0.0
-            logits = self._cache.feed(new, 1)[-1]
+            logits = self._cache.feed(new, 1)[-1].to("cpu", torch.float32)  # the device contract: CPU rows
             if start:
                 catch_up_s += time.perf_counter() - start
                 catch_up_tokens += len(new)
