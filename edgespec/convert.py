@@ -39,7 +39,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from .errors import EdgespecError
-from .progress import report
+from .progress import bar as progress_bar
+from .progress import cache_notice, report
 from .paths import cache_dir, pid_alive
 
 MANIFEST = "edgespec-convert.json"
@@ -55,6 +56,7 @@ INT4_QUANTIZE_EMBEDDING = True
 
 _GGUF_MAGIC = b"GGUF"
 _HASH_CHUNK = 8 << 20
+_BAR_FROM = 256 << 20  # bytes: a file this large is hashed with a progress bar (about a second or more)
 
 
 def converted_dir() -> Path:
@@ -133,7 +135,7 @@ def _dequantise_gguf(gguf_path: Path, out: Path) -> str:
                 "use a model whose architecture transformers' GGUF loader supports"
             ) from e
 
-    with _stage("dequantising GGUF weights"):
+    with _stage("dequantising GGUF weights"), _tensor_bar(f"dequantising {gguf_path.name}"):
         # Casting each tensor right after it is dequantised keeps the peak memory at the float16 size.
         model = load(torch.float16)
         dtype = torch.float16
@@ -246,16 +248,13 @@ def _builder_args(hf_dir: Path, out: Path, options: dict) -> list[str]:
 
 
 def _run_builder(hf_dir: Path, out: Path, options: dict, *, layers: int, architecture: str, log: Path) -> None:
-    """Run the builder into `out`, its output kept in `log`; a layer progress bar on stderr."""
-    from tqdm import tqdm
-
+    """Run the builder into `out`, its output kept in `log`; a layer progress bar (`edgespec.progress.bar`)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = os.environ | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     start = time.monotonic()
     layer_line = re.compile(r"^Reading (layer \d+|final norm|LM head)")
     with log.open("w", encoding="utf-8") as log_file, \
-            tqdm(total=layers + 2, desc="  builder: reading layers", unit="layer", file=sys.stderr,
-                 leave=False, disable=None) as bar:
+            progress_bar(layers + 2, f"exporting {hf_dir.name}: reading layers", unit="layer", tty_only=True) as bar:
         proc = subprocess.Popen(_builder_args(hf_dir, out, options), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, errors="replace", env=env)
         try:
@@ -264,8 +263,8 @@ def _run_builder(hf_dir: Path, out: Path, options: dict, *, layers: int, archite
                 if layer_line.match(line):
                     bar.update(1)
                 elif line.startswith("Saving ONNX model"):
-                    bar.set_description("  builder: saving" if options["precision"] == "fp32"
-                                        else "  builder: quantising and saving")
+                    bar.set_description(f"exporting {hf_dir.name}: saving" if options["precision"] == "fp32"
+                                        else f"exporting {hf_dir.name}: quantising and saving")
             code = proc.wait()
         finally:
             if proc.poll() is None:  # interrupted (Ctrl-C): do not leave the builder running
@@ -301,11 +300,10 @@ def file_sha256(path: Path | str) -> str:
     entry = memo.get(str(path))
     if isinstance(entry, dict) and entry.get("stamp") == stamp:
         return entry["sha256"]
-    from tqdm import tqdm
-
     h = hashlib.sha256()
-    with path.open("rb") as f, tqdm(total=stat.st_size, unit="B", unit_scale=True, file=sys.stderr,
-                                    desc=f"  hashing {path.name}", leave=False, disable=None) as bar:
+    # A bar only where hashing takes a while: a checkpoint's small files would each add a line in a front end.
+    with path.open("rb") as f, progress_bar(stat.st_size, f"hashing {path.name}", tty_only=True,
+                                            enabled=stat.st_size >= _BAR_FROM) as bar:
         while chunk := f.read(_HASH_CHUNK):
             h.update(chunk)
             bar.update(len(chunk))
@@ -354,6 +352,7 @@ def _build_once(final: Path, build: Callable[[Path], dict], what: str) -> Path:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     start = time.monotonic()
+    cache_notice(cache_dir())
     _note(f"{what} (once; cached in {final})")
     try:
         manifest = build(staging)
@@ -474,6 +473,32 @@ def _write_json_atomic(path: Path, data: dict) -> None:
 
 def _note(message: str) -> None:
     report(message)
+
+
+@contextmanager
+def _tensor_bar(label: str) -> Iterator[None]:
+    """One bar over the GGUF's tensors while transformers dequantises them: its loader iterates them through
+    the `tqdm` its module imported, swapped here for ours (on stderr, or the front end's sink). A transformers
+    without that name keeps its own bar."""
+    try:
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:
+        yield
+        return
+    original = getattr(gguf_utils, "tqdm", None)
+    if original is None:
+        yield
+        return
+
+    def ours(iterable=None, *args, **kwargs):
+        total = len(iterable) if hasattr(iterable, "__len__") else None
+        return progress_bar(total, label, unit="tensor", tty_only=True, iterable=iterable)
+
+    gguf_utils.tqdm = ours
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = original
 
 
 @contextmanager

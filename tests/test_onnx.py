@@ -27,6 +27,7 @@ from edgespec.convert import MANIFEST, gguf_to_hf, hf_to_onnx
 from edgespec.errors import EdgespecError
 from edgespec.lm import CausalLM, TorchLM
 from edgespec.onnx_lm import OnnxLM
+from edgespec.progress import BarLine, reporting_to
 
 # hidden 64 and intermediate 128 are multiples of the INT4 block (32); head_dim 16 suits GroupQueryAttention.
 HIDDEN = 64
@@ -132,11 +133,15 @@ def exports(tmp_path_factory):
         gguf_path.parent.mkdir()
         gguf_expected = write_tiny_gguf(gguf_path, tiny_llama(vocab_size=GGUF_VOCAB, seed=4, hidden=HIDDEN,
                                                               max_pos=CONTEXT))
-        gguf_hf = gguf_to_hf(gguf_path)
+        shown = []  # what a front end (the chat's loading view) is shown of the first conversions
+        with reporting_to(shown.append):
+            gguf_hf = gguf_to_hf(gguf_path)
+            fp32 = hf_to_onnx(hf, precision="fp32")
         out = {
             "model": model,
             "hf": hf,
-            "fp32": hf_to_onnx(hf, precision="fp32"),
+            "fp32": fp32,
+            "shown": shown,
             "int4": hf_to_onnx(hf, precision="int4"),
             "int4_last": hf_to_onnx(hf, precision="int4", last_logits_only=True),
             "tied_int4": hf_to_onnx(tied_hf, precision="int4"),
@@ -411,6 +416,21 @@ def test_gguf_to_hf_dequantises_weights_and_keeps_the_tokenizer(exports, cache, 
         _nothing_may_run(patch)
         assert gguf_to_hf(exports["gguf"]) == hf
     assert _files(hf.parent) == before
+
+
+def test_a_first_conversion_says_where_the_cache_is_once_and_shows_one_bar_each(exports):
+    shown = exports["shown"]
+    notices = [line for line in shown if line.startswith("first start:")]
+    assert len(notices) == 1 and str(exports["cache"]) in notices[0] and "EDGESPEC_CACHE" in notices[0]
+    bars = {}
+    for line in shown:
+        if isinstance(line, BarLine):
+            bars.setdefault(line.key, []).append(str(line))
+    assert len(bars) == 2, bars  # the dequantisation and the export: one bar each, redrawn in place
+    dequantise, export = bars.values()
+    assert dequantise[0].startswith("dequantising tiny.Q8_0.gguf:") and "tensors" in dequantise[-1]
+    assert "100%" in dequantise[-1] and "left" in dequantise[-1]
+    assert export[0].startswith(f"exporting {exports['hf'].name}: reading layers") and "layers" in export[0]
 
 
 def test_gguf_checkpoint_exports_to_onnx_that_matches_torch(exports):

@@ -94,6 +94,20 @@ def test_corrupt_profile_is_one_line_error(tmp_path, content):
     assert "\n" not in str(err.value) and "edgespec profile" in str(err.value)
 
 
+def test_no_profile_is_one_warning_saying_what_profiling_takes(tmp_path, monkeypatch, capsys):
+    from edgespec.runtime import PROFILE_MINUTES, RuntimeSpec, select_profile
+
+    monkeypatch.setattr(profiling, "profile_dirs", lambda: [tmp_path])
+    assert select_profile(RuntimeSpec(pair="qwen2.5-coder-1.5b"), None, 0.0) is None
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert len(warnings) == 1 and "no profile for this machine" in warnings[0]
+    assert "`edgespec profile --pair qwen2.5-coder-1.5b`" in warnings[0]
+    assert f"about {PROFILE_MINUTES['qwen2.5-coder-1.5b']} minutes" in warnings[0]
+    select_profile(RuntimeSpec(target=str(tmp_path)), None, 0.0)
+    custom = capsys.readouterr().err.strip().splitlines()
+    assert len(custom) == 1 and "several minutes" in custom[0] and "--profile PATH" in custom[0]
+
+
 def test_corrupt_profile_warns_and_falls_back_to_calibration(tmp_path, capsys):
     from edgespec.runtime import RuntimeSpec, make_policy, select_profile
 

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from rich.text import Text
 from textual import events
 from textual.app import ComposeResult
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
-from textual.widgets import Log, Markdown, Static, TextArea
+from textual.widgets import Markdown, Static, TextArea
 from textual.widgets.markdown import MarkdownStream
 
 DRAFT = "draft"
@@ -252,14 +252,30 @@ class AssistantMessage(Vertical):
 
 
 class LoadingView(Vertical):
-    """What the screen shows while the models load: a title and the factory's progress lines."""
+    """What the screen shows while the models load: a title and the factory's progress lines, wrapped at the
+    window's edge (a warning is read whole). A progress bar's line (`edgespec.progress.BarLine`) is redrawn in
+    place: one line per download or conversion."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.lines: list[str] = []
+        self._bar_rows: dict[int, int] = {}  # a bar's key -> its row in `lines`
 
     def compose(self) -> ComposeResult:
         yield Static("Loading the models…", id="loading-title")
-        yield Log(id="loading-log", highlight=False)
+        with VerticalScroll(id="loading-scroll"):
+            yield Static("", id="loading-log")
 
     def add_line(self, line: str) -> None:
-        self.query_one(Log).write_line(line)
+        key = getattr(line, "key", None)
+        if key in self._bar_rows:
+            self.lines[self._bar_rows[key]] = str(line)
+        else:
+            if key is not None:
+                self._bar_rows[key] = len(self.lines)
+            self.lines.append(str(line))
+        self.query_one("#loading-log", Static).update(Text("\n".join(self.lines)))
+        self.query_one("#loading-scroll", VerticalScroll).scroll_end(animate=False)
 
 
 @dataclass(frozen=True)

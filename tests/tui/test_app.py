@@ -295,6 +295,36 @@ async def test_a_factory_error_exits_nonzero_with_the_message():
     assert title == "Could not start: no such pair 'nope'; see edgespec models"
 
 
+async def test_the_loading_view_wraps_long_lines_and_redraws_a_bar_in_place():
+    import threading
+
+    from edgespec.progress import BarLine
+
+    go = threading.Event()
+    warning = "warning: no profile for this machine and pair; " + "the whole of this line must be read " * 4 + "END"
+
+    def factory(progress):
+        progress(warning)
+        for done in (10, 60, 100):
+            progress(BarLine(f"downloading model.gguf: {done:3d}% {done}M/100MB", key=7))
+        progress("ready")
+        assert go.wait(CAP)
+        return GatedSession(gated=False)
+
+    app = ChatApp(factory, stream_interval=0)
+    async with app.run_test(size=(60, 30)) as pilot:
+        view = app.query_one(LoadingView)
+        await wait_until(pilot, lambda: "ready" in view.lines)
+        assert view.lines == [warning, "downloading model.gguf: 100% 100M/100MB", "ready"]
+        await pilot.pause()
+        log = app.query_one("#loading-log")
+        assert log.region.right <= 60 and log.size.height >= -(-len(warning) // log.size.width) + 2  # wrapped
+        shown = "".join(strip.text for strip in log.render_lines(log.size.region)).replace(" ", "")
+        assert warning.replace(" ", "") in shown and "100M/100MB" in shown and "60M" not in shown
+        go.set()
+        await wait_until(pilot, lambda: not app.query(LoadingView))
+
+
 async def test_loading_progress_is_shown_and_a_prompt_sent_early_waits_for_the_model():
     import threading
 
@@ -308,7 +338,7 @@ async def test_loading_progress_is_shown_and_a_prompt_sent_early_waits_for_the_m
 
     app = ChatApp(factory, stream_interval=0)
     async with app.run_test() as pilot:
-        await wait_until(pilot, lambda: "fetching the draft" in "\n".join(app.query_one("#loading-log").lines))
+        await wait_until(pilot, lambda: "fetching the draft" in app.query_one(LoadingView).lines)
         assert app.query_one(PromptInput).has_focus
         await send(pilot, "early")
         await pilot.pause()
