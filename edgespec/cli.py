@@ -151,61 +151,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def encode_prompt(tokenizer, prompt: str, *, chat: bool, system: str | None = None) -> list[int]:
-    if chat:
-        if not getattr(tokenizer, "chat_template", None):
-            raise EdgespecError("this model's tokenizer has no chat template; drop --chat and pass the raw prompt")
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
-    ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
-    return list(ids)
-
-
 def cmd_generate(args: argparse.Namespace) -> int:
-    from .metrics import SpecMetrics
-    from .policy import FixedK, parse_p_min
-    from .runtime import build_runtime, make_policy, select_profile
-    from .sampling import SamplingParams
-    from .text import TextStream
+    """One prompt through the Python API (`edgespec.api`), as any program would call it."""
+    from .api import load_spec
+    from .policy import parse_p_min
 
-    params = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
     k = 0 if args.no_spec else parse_k(args.k)
-    args.p_min = parse_p_min(args.p_min)
     if args.no_spec:
         args.draft = "none"
-    spec = runtime_spec(args)
-    profile = select_profile(spec, args.profile, args.temperature) if k == "auto" else None
-    rt = build_runtime(spec, progress=None if not args.json else (lambda _: None))
-    policy = FixedK(0) if rt.engine.drafter is None else make_policy(k, profile, rt.drafter_name, args.temperature,
-                                                                      overlap=rt.engine.overlap, p_min=args.p_min)
-    engine, tokenizer = rt.engine, rt.tokenizer
-    prompt_ids = encode_prompt(tokenizer, args.prompt, chat=args.chat, system=args.system)
-
-    stream = TextStream(tokenizer, args.stop)
-    metrics = SpecMetrics()
-    ids: list[int] = []
-    stop_reason = None
+    model = load_spec(runtime_spec(args), k=k, temperature=args.temperature, p_min=parse_p_min(args.p_min),
+                      profile=args.profile, progress=None if not args.json else (lambda _: None))
+    if args.chat:
+        prompt_ids = model.encode_chat([{"role": "user", "content": args.prompt}], args.system,
+                                       missing="drop --chat and pass the raw prompt")
+    else:
+        prompt_ids = model.encode(args.prompt)
+    stream = model.stream(prompt_ids, max_tokens=args.max_new_tokens, temperature=args.temperature,
+                          top_p=args.top_p, top_k=args.top_k, seed=args.seed, stop=args.stop)
+    shown = 0
     try:
-        for step in engine.generate(prompt_ids, params=params, max_new_tokens=args.max_new_tokens,
-                                    policy=policy, stop=stream.stop if args.stop else None):
-            ids.extend(step.tokens)
-            metrics.add(step)
-            stop_reason = step.stop_reason
-            if step.notice and not args.json:
-                print(f"\nedgespec: {step.notice}", file=sys.stderr, flush=True)
+        for chunk in stream:
+            if chunk.notice and not args.json:
+                print(f"\nedgespec: {chunk.notice}", file=sys.stderr, flush=True)
             if not args.json:
-                sys.stdout.write(stream.update(ids))
+                sys.stdout.write(chunk.text)
                 sys.stdout.flush()
+                shown += len(chunk.text)
     except KeyboardInterrupt:
-        stop_reason = "cancelled"
-    stream.update(ids)
+        stream.close()
+    stop_reason, ids, metrics = stream.stop_reason, stream.token_ids, stream.metrics
     if args.json:
         print(json.dumps({"text": stream.text, "token_ids": ids, "stop_reason": stop_reason,
                           "prompt_tokens": len(prompt_ids), "notices": metrics.notices,
                           "metrics": metrics.to_dict()}))
     else:
-        sys.stdout.write(stream.flush() + "\n")
+        sys.stdout.write(stream.text[shown:] + "\n")
         m = metrics
         print(f"[{m.num_emitted_tokens} tokens, {m.decode_tokens_per_s:.1f} tok/s, acceptance {m.acceptance_rate:.2f}, "
               f"tau {m.tau:.2f}, stop: {stop_reason}]", file=sys.stderr)

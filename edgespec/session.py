@@ -52,6 +52,8 @@ class Chunk:
     k: int
     metrics: SpecMetrics
     stop_reason: str | None = None
+    token_ids: list[int] = field(default_factory=list)  # the ids this round emitted
+    notice: str | None = None  # e.g. the drafter failed: the rest of the answer on the target alone
 
     @property
     def text(self) -> str:
@@ -68,11 +70,7 @@ class ChatSession:
     last_metrics: SpecMetrics | None = field(default=None, init=False)
 
     def encode(self, messages: list[dict], system: str | None = None) -> list[int]:
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise EdgespecError("this model's tokenizer has no chat template; edgespec chat needs an instruct/chat model")
-        full = ([{"role": "system", "content": system}] if system else []) + list(messages)
-        ids = self.tokenizer.apply_chat_template(full, add_generation_prompt=True, tokenize=True, return_dict=False)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        return encode_chat(self.tokenizer, messages, system)
 
     def policy(self, settings: Settings) -> KPolicy:
         if not settings.speculation or self.engine.drafter is None:
@@ -84,30 +82,50 @@ class ChatSession:
     def reply(self, messages: list[dict], settings: Settings, *, system: str | None = None,
               cancel: threading.Event | None = None) -> Iterator[Chunk]:
         """Stream the assistant's answer to `messages` (the last one from the user)."""
-        prompt = self.encode(messages, system)
-        stream = TextStream(self.tokenizer, settings.stop)
         metrics = SpecMetrics()
         self.last_metrics = metrics
-        ids: list[int] = []
-        for step in self.engine.generate(prompt, params=settings.params(), max_new_tokens=settings.max_new_tokens,
-                                         policy=self.policy(settings), stop=stream.stop if settings.stop else None):
-            metrics.add(step)
-            split = len(ids) + step.n_from_draft
-            ids.extend(step.tokens)
-            pieces = []
-            draft_text = stream.update(ids[:split])
-            if draft_text:
-                pieces.append((draft_text, DRAFT))
-            target_text = stream.update(ids)
-            if target_text:
-                pieces.append((target_text, TARGET))
-            reason = step.stop_reason
-            if reason is None and cancel is not None and cancel.is_set():
-                reason = "cancelled"
-            if reason is not None:
-                rest = stream.flush()
-                if rest:
-                    pieces.append((rest, TARGET))
-            yield Chunk(pieces, step.k, metrics, reason)
-            if reason is not None:
-                return
+        yield from stream_text(self.engine, self.tokenizer, self.encode(messages, system), settings,
+                               self.policy(settings), cancel=cancel, metrics=metrics)
+
+
+def encode_chat(tokenizer, messages: list[dict], system: str | None = None,
+                missing: str = "edgespec chat needs an instruct/chat model") -> list[int]:
+    """`messages` through the model's own chat template, ready for the assistant's answer."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise EdgespecError(f"this model's tokenizer has no chat template; {missing}")
+    full = ([{"role": "system", "content": system}] if system else []) + list(messages)
+    ids = tokenizer.apply_chat_template(full, add_generation_prompt=True, tokenize=True, return_dict=False)
+    return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+
+
+def stream_text(engine: SpeculativeEngine, tokenizer, prompt: list[int], settings: Settings, policy: KPolicy, *,
+                cancel: threading.Event | None = None, metrics: SpecMetrics | None = None,
+                text: TextStream | None = None) -> Iterator[Chunk]:
+    """The engine's steps for `prompt` as text pieces tagged DRAFT or TARGET (every front end's one loop: the
+    chat app through `ChatSession.reply`, the Python API and the server through `edgespec.api`). `text`: the
+    caller's own `TextStream` (with `settings.stop`), to read the text so far should the loop be interrupted."""
+    stream = text if text is not None else TextStream(tokenizer, settings.stop)
+    metrics = metrics if metrics is not None else SpecMetrics()
+    ids: list[int] = []
+    for step in engine.generate(prompt, params=settings.params(), max_new_tokens=settings.max_new_tokens,
+                                policy=policy, stop=stream.stop if settings.stop else None):
+        metrics.add(step)
+        split = len(ids) + step.n_from_draft
+        ids.extend(step.tokens)
+        pieces = []
+        draft_text = stream.update(ids[:split])
+        if draft_text:
+            pieces.append((draft_text, DRAFT))
+        target_text = stream.update(ids)
+        if target_text:
+            pieces.append((target_text, TARGET))
+        reason = step.stop_reason
+        if reason is None and cancel is not None and cancel.is_set():
+            reason = "cancelled"
+        if reason is not None:
+            rest = stream.flush()
+            if rest:
+                pieces.append((rest, TARGET))
+        yield Chunk(pieces, step.k, metrics, reason, token_ids=list(step.tokens), notice=step.notice)
+        if reason is not None:
+            return
