@@ -48,6 +48,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--exact", action="store_true",
                    help="run the target's short steps through the same kernels as verification (padded rows; torch: "
                         "a fixed-length cache), so greedy output is bitwise the same at every K (plain decoding slower)")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                   help="torch target: run its steps under torch.compile (a static cache of "
+                        "edgespec.compiled_lm.COMPILE_CONTEXT tokens, each step padded to one of a few widths, each "
+                        "compiled once at start: minutes on a CPU; CUDA graphs on CUDA). Default: off "
+                        "(edgespec.compiled_lm.COMPILE_ON_CUDA_DEFAULT turns it on for CUDA)")
 
 
 def parse_k(text) -> int | str:
