@@ -154,6 +154,7 @@ class SpeculativeEngine:
         if self._drafting():
             for n, token in _commits(draft, verdict, guess):
                 drafts.commit(n, token)
+        target.synchronize()  # the rollback's device work counts in this round (verify itself returns CPU rows)
         t2 = clock()
 
         emitted, reason = cut_emitted([*draft.tokens[:verdict.n_accepted], verdict.next_token],
@@ -208,6 +209,7 @@ class SpeculativeEngine:
                 r.scheduler.start_prefill(self._drafts)
         self.target.prefill(r.seq[:-1])
         r.scheduler.finish_prefill()
+        self.target.synchronize()  # or the prefill's device time would land in the first round's verify_ms
         r.prefill_ms = (self.clock() - r.start) * 1000
 
     def _drafting(self) -> bool:

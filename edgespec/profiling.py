@@ -88,6 +88,7 @@ def measure_verify(target, context_ids: list[int], ns: range, repeats: int) -> t
         def step():
             target.verify(block)
             target.rollback(base)
+            target.synchronize()  # a GPU's time, not its launches'
 
         m, s = _median_ms(step, repeats)
         med.append(round(m, 3))
@@ -197,6 +198,7 @@ def verifying(target, context_ids: list[int], n: int = 4):
     def work():
         target.verify(block)
         target.rollback(base)
+        target.synchronize()
 
     return work
 
@@ -211,12 +213,14 @@ def measure_prefill(target, prompt_ids: list[int], repeats: int, drafter=None) -
         target.reset()
         if drafter is None:
             target.prefill(prompt_ids[:-1])
+            target.synchronize()
             return
         drafter.reset()
         drafter.begin(prompt_ids)
         thread = threading.Thread(target=drafter.prefill)
         thread.start()
         target.prefill(prompt_ids[:-1])
+        target.synchronize()
         thread.join()
 
     m, _ = _median_ms(step, max(3, repeats // 2))

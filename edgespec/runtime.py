@@ -204,7 +204,8 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
 
     eos = _eos_ids(target_source, tokenizer)
     progress("ready")
-    engine = SpeculativeEngine(_target(target_lm), drafter, eos_token_ids=eos, overlap=bool(spec.overlap))
+    engine = SpeculativeEngine(_target(target_lm, target_device if backend == "torch" else "cpu"), drafter,
+                               eos_token_ids=eos, overlap=bool(spec.overlap))
     draft_hf = draft_source.hf_dir if draft_source is not None else None
     draft_gguf = draft_source.gguf if draft_source is not None else None
     return Runtime(engine, tokenizer, f"{target_label} · {target_lm.description}", draft_description,
@@ -351,10 +352,12 @@ def _label(model, path: str | None) -> str:
     return Path(path).name if path else "model"
 
 
-def _target(lm):
-    from .target import ModelTarget
+def _target(lm, device: str = "cpu"):
+    """The engine's target over `lm`, waiting for `device` before the engine reads its clock (a torch model on
+    CUDA; ONNX Runtime's `run` returns when its outputs are ready)."""
+    from .target import ModelTarget, synchronizer
 
-    return ModelTarget(lm)
+    return ModelTarget(lm, synchronize=synchronizer(device))
 
 
 def _eos_ids(source: _Source, tokenizer) -> list[int]:

@@ -16,10 +16,13 @@ is also the moment the host waits for the GPU's verification. scripts/gpu_check.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 import torch
 
+from .errors import EdgespecError
 from .lm import CausalLM, TorchLM
 
 
@@ -54,6 +57,11 @@ class Target(Protocol):
 
     def reset(self) -> None:
         """Drop the cache."""
+
+    def synchronize(self) -> None:
+        """Wait until the device has done all the work queued so far (nothing to wait for on the CPU). A GPU runs
+        what it is given after the call that gave it has returned: the engine calls this before it reads its
+        clock, so `prefill_ms`, `verify_ms` and the costs auto K learns from are the device's time."""
 
 
 class CachedPrefix:
@@ -92,11 +100,26 @@ class CachedPrefix:
         del self.ids[length:]
 
 
-class ModelTarget:
-    """A `Target` backed by a `CausalLM`."""
+def synchronizer(device: torch.device | str) -> Callable[[], None]:
+    """What waits for `device`'s queued work: `torch.cuda.synchronize` on a CUDA device, nothing elsewhere (a CPU
+    backend, and ONNX Runtime, whose `run` returns when its outputs are ready)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return functools.partial(torch.cuda.synchronize, device)
+    return _nothing
 
-    def __init__(self, lm: CausalLM):
+
+def _nothing() -> None:
+    pass
+
+
+class ModelTarget:
+    """A `Target` backed by a `CausalLM`. `synchronize` waits for the backend's device (`synchronizer`); the
+    default waits for nothing, right for a CPU backend."""
+
+    def __init__(self, lm: CausalLM, *, synchronize: Callable[[], None] = _nothing):
         self.lm = lm
+        self.synchronize = synchronize
         self._cache = CachedPrefix(lm)
         self.vocab_size = lm.vocab_size
         self.max_context = lm.max_context
@@ -119,8 +142,16 @@ class ModelTarget:
         self._cache.sync(ids)
 
     def verify(self, tokens: list[int]) -> torch.Tensor:
-        """The backend's logits, on the CPU in float32 (a no-op for a CPU backend; one copy a round on a GPU)."""
-        return self._cache.feed(tokens, len(tokens)).to("cpu", torch.float32)
+        """The backend's logits, on the CPU in float32 (a no-op for a CPU backend; one copy a round on a GPU),
+        checked: a float16 model whose activations overflow computes NaN and inf, and the rule would then emit
+        nonsense without a word."""
+        logits = self._cache.feed(tokens, len(tokens)).to("cpu", torch.float32)
+        total = float(logits.sum())  # one pass over the rows: a NaN or +inf anywhere makes the sum NaN or +inf
+        if total != total or total == float("inf"):  # (-inf alone is a token a model rules out: allowed)
+            raise EdgespecError(f"the target ({self.description}) computed logits that are not finite (inf or NaN): "
+                                f"its activations overflow in this precision; run it in another one, e.g. "
+                                f"--dtype bfloat16 or --dtype float32")
+        return logits
 
     def rollback(self, length: int) -> None:
         self._cache.crop(length)
@@ -132,4 +163,5 @@ class ModelTarget:
 
 def TorchTarget(model, *, max_context: int | None = None) -> ModelTarget:
     """A target running a transformers causal LM under PyTorch on the model's own device and dtype."""
-    return ModelTarget(TorchLM(model, max_context=max_context, name="target"))
+    lm = TorchLM(model, max_context=max_context, name="target")
+    return ModelTarget(lm, synchronize=synchronizer(lm.device))

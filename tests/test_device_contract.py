@@ -167,3 +167,89 @@ def test_logits_off_the_cpu_are_refused_where_the_rule_runs(pair):
     with pytest.raises(RuntimeError, match="p_draft"):
         judge(Draft([4, 5], p_draft=torch.softmax(torch.randn(2, 96), -1).as_subclass(OnGpu)), logits.cpu(),
               SamplingParams(temperature=0.7), torch.Generator().manual_seed(0))
+
+
+# --- honest timings: a GPU runs what it is given after the call that gave it has returned ----------------
+
+class Device:
+    """A fake clock and a fake GPU queue: queued work costs time only when someone waits for it."""
+
+    def __init__(self):
+        self.now, self.queued = 0.0, 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def wait(self) -> None:
+        self.now, self.queued = self.now + self.queued, 0.0
+
+
+class Queued(OnGpu):
+    """An `OnGpu` whose copy to the CPU waits for the device's queue, as a CUDA copy does."""
+
+    device: Device
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.cpu or (func is torch.Tensor.to and _moves_to_cpu(args[1:], kwargs or {})):
+            cls.device.wait()
+        return super().__torch_function__(func, types, args, kwargs)
+
+
+class QueuedLM(OnGpuLM):
+    """A `CausalLM` on the fake GPU: a feed queues 0.1 s a token, a crop 0.25 s, and neither waits."""
+
+    def __init__(self, lm, device: Device):
+        super().__init__(lm)
+        self.device = Queued.device = device
+
+    def feed(self, ids, logits_for):
+        self.device.queued += 0.1 * len(ids)
+        return self.lm.feed(ids, logits_for).as_subclass(Queued)
+
+    def crop(self, length: int) -> None:
+        self.device.queued += 0.25
+        self.lm.crop(length)
+
+
+class Recording(FixedK):
+    def __init__(self, k):
+        super().__init__(k)
+        self.verify_s = []
+
+    def observe(self, k, n_drafted, n_accepted, draft_s, verify_s, **kwargs):
+        self.verify_s.append(verify_s)
+
+
+def test_the_engines_timings_are_the_devices_time(pair):
+    """prefill_ms holds the prefill's device time (not the first round's verify_ms), and each round's verify_ms
+    (what auto K learns from) holds its verification and its rollback, to the fake device's second."""
+    device = Device()
+    target = ModelTarget(QueuedLM(TorchLM(pair["target"], name="target"), device), synchronize=device.wait)
+    engine = SpeculativeEngine(target, NgramDrafter(), clock=device)
+    policy = Recording(4)
+    steps = list(engine.generate(PROMPT, max_new_tokens=12, policy=policy))
+    assert steps[0].prefill_ms == pytest.approx(0.1 * (len(PROMPT) - 1) * 1000)
+    for step, verify_s in zip(steps, policy.verify_s, strict=True):
+        assert step.verify_ms == pytest.approx((0.1 * (1 + step.n_drafted) + 0.25) * 1000), step
+        assert verify_s == pytest.approx(step.verify_ms / 1000)
+    assert device.queued == 0
+
+
+def test_the_profiles_latencies_are_the_devices_time(pair, monkeypatch):
+    from edgespec import profiling
+
+    device = Device()
+    target = ModelTarget(QueuedLM(TorchLM(pair["target"], name="target"), device), synchronize=device.wait)
+    monkeypatch.setattr(profiling.time, "perf_counter", device)
+    med, _ = profiling.measure_verify(target, PROMPT, range(1, 4), repeats=3)
+    assert med == pytest.approx([0.0, *[(0.1 * n + 0.25) * 1000 for n in (1, 2, 3)]])
+    assert profiling.measure_prefill(target, PROMPT, repeats=3) == pytest.approx(0.1 * (len(PROMPT) - 1) * 1000)
+
+
+def test_a_torch_target_on_cuda_waits_for_its_own_device():
+    from edgespec.target import synchronizer
+
+    wait = synchronizer("cuda:1")
+    assert wait.func is torch.cuda.synchronize and wait.args == (torch.device("cuda", 1),)
+    synchronizer("cpu")()  # nothing to wait for, and no CUDA needed

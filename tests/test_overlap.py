@@ -124,6 +124,9 @@ class ScriptedTarget:
     def reset(self):
         self.ids = []
 
+    def synchronize(self):
+        pass
+
 
 class ScriptedDrafter(DrafterBase):
     """Proposes from its own script of the answer (wrong where the script says), records every call, and
