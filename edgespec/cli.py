@@ -33,7 +33,7 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target-backend", default="auto", help="auto (torch on CUDA, ONNX Runtime on CPU), torch, onnx, or llamacpp (a GGUF on llama.cpp's kernels: the llamacpp extra)")
     p.add_argument("--target-device", "--device", dest="target_device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--draft-device", default="cpu", help="cpu, cuda or cuda:N")
-    p.add_argument("--dtype", default="auto", help="torch target dtype: auto (fp16 on CUDA, fp32 on CPU), float32, bfloat16, float16")
+    p.add_argument("--dtype", default="auto", help="torch target dtype: auto (bf16 on CUDA GPUs of compute capability 8.0+, fp16 on older ones, fp32 on CPU), float32, bfloat16, float16")
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per model (default: all cores)")
     p.add_argument("--draft-threads", type=int, default=None, help="ONNX Runtime threads for the draft (default: --threads)")
     p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=None,

@@ -21,10 +21,16 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 
 
 def pick_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """`auto` is FP16 on CUDA and float32 on the CPU (exact greedy equivalence; bf16 is faster on CPUs with
-    avx512_bf16 but may flip near-tie argmaxes between batched and one-by-one passes, see README)."""
+    """`auto` is bfloat16 on a CUDA GPU that computes it natively (compute capability 8.0 and up: A100, H100,
+    RTX 30xx/40xx, Jetson Orin), float16 on older GPUs, and float32 on the CPU (exact greedy equivalence; bf16 is
+    faster on CPUs with avx512_bf16 but may flip near-tie argmaxes between batched and one-by-one passes, see
+    README). bfloat16 costs what float16 does on those GPUs and has float32's range: Qwen2.5-class models have
+    activation outliers that overflow float16 (`ModelTarget` stops with an error naming --dtype when logits are
+    not finite)."""
     if dtype == "auto":
-        return torch.float16 if device.type == "cuda" else torch.float32
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.get_device_capability(device) >= (8, 0) else torch.float16
     if dtype not in DTYPES:
         raise EdgespecError(f"unknown dtype {dtype!r}; use one of auto, float32, bfloat16, float16")
     return DTYPES[dtype]
@@ -71,11 +77,14 @@ def load_causal_lm(path: str | Path, *, device: str = "cpu", dtype: str = "auto"
     dev = torch.device(check_device(device, flag=device_flag))
     config = load_config(p)
     check_decoder_only(config, p)
+    # On a GPU the weights go straight to it (device_map), in the dtype they will run in: loading them on the CPU
+    # first and moving them doubled the peak, and on a Jetson's unified memory both copies live in the same RAM.
+    placement = {"device_map": {"": str(dev)}} if dev.type == "cuda" else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(p, dtype=pick_dtype(dtype, dev))
+        model = AutoModelForCausalLM.from_pretrained(p, dtype=pick_dtype(dtype, dev), **placement)
     except (OSError, ValueError, RuntimeError, SafetensorError) as err:
         raise EdgespecError(f"cannot load the weights in {str(p)!r} ({_first_line(err)}); the files may be incomplete or corrupt: re-download them") from err
-    return model.to(dev).eval()
+    return model.eval() if placement else model.to(dev).eval()
 
 
 def load_tokenizer(path: str | Path):

@@ -312,7 +312,16 @@ def _local_model(path: str, progress) -> _Source:
     return _Source(hf_dir=checkpoint_dir(p))
 
 
+_MEMORY_FIX = {  # what to do when a model does not fit where it is about to load (`edgespec.budget`)
+    "target": "use a smaller model (--pair, --target), --dtype bfloat16 or float16 rather than float32, or "
+              "--target-device cpu",
+    "draft": "use a smaller draft model, --draft-device cpu, or --draft ngram",
+}
+
+
 def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onnx_precision: str, role: str, progress):
+    from .budget import check_before_loading, onnx_need, torch_need_for
+
     if backend == "llamacpp":
         from .llamacpp_lm import LlamaCppLM
 
@@ -327,6 +336,8 @@ def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onn
 
         if source.hf_dir is None:
             raise EdgespecError(f"the {role} is an ONNX model, which only runs with --target-backend onnx")
+        check_before_loading(device, lambda: torch_need_for(role, source.hf_dir, device, spec.dtype),
+                             _MEMORY_FIX[role])
         model = load_causal_lm(source.hf_dir, device=device, dtype=spec.dtype,
                                device_flag="--target-device" if role == "target" else "--draft-device")
         if role == "target" and compiles(spec):
@@ -342,6 +353,7 @@ def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onn
         # A drafter needs the last position's logits only: its prefill then skips the vocabulary-sized matmul.
         onnx_dir = hf_to_onnx(source.hf_dir, precision=onnx_precision, last_logits_only=role == "draft")
     threads = spec.draft_threads or spec.threads if role == "draft" else spec.threads
+    check_before_loading(device, lambda: onnx_need(f"the {role}", onnx_dir), _MEMORY_FIX[role])
     return OnnxLM(onnx_dir, threads=threads, device="cuda" if device.startswith("cuda") else "cpu", name=role)
 
 
