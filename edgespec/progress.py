@@ -79,9 +79,12 @@ def bar(total: float | None, label: str, *, unit: str = "B", enabled: bool = Tru
     if sink is _to_stderr:
         return tqdm(total=total, desc=label, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True,
                     disable=None if tty_only and enabled else not enabled, **size, **kwargs)
-    shown = SINK_FORMAT.replace("{total_fmt}", "{total_fmt}" + ("B" if unit == "B" else f" {unit}s"))
+    if total is None:
+        shown = "{desc}: {n_fmt}" + ("B" if unit == "B" else f" {unit}s") + " [{elapsed} so far, {rate_fmt}]"
+    else:  # a total of 0 may be set later (a download learns its size as it starts)
+        shown = SINK_FORMAT.replace("{total_fmt}", "{total_fmt}" + ("B" if unit == "B" else f" {unit}s"))
     return tqdm(total=total, desc=label, unit=unit, file=_SinkFile(sink), leave=True, mininterval=0.5,
-                bar_format=shown if total else None, disable=not enabled, **size, **kwargs)
+                bar_format=shown, disable=not enabled, **size, **kwargs)
 
 
 def cache_notice(where: Path, what: str = "edgespec's cache") -> None:

@@ -261,7 +261,8 @@ def _lm_backend(drafter_name: str) -> str:
 
 
 def validate_pair(target_dir: Path, draft_dir: Path, target_tokenizer) -> None:
-    """Before anything runs: both decoder-only, same vocabulary (size and token strings), same EOS/BOS."""
+    """Before anything runs: both decoder-only, one tokenizer (the same tokens, ids and special tokens), the same
+    EOS/BOS, and a draft embedding no larger than the target's (a smaller one is fine: `verify.common_width`)."""
     from .loading import check_decoder_only, check_same_tokenizer, load_config, load_tokenizer
 
     t_cfg, d_cfg = load_config(target_dir), load_config(draft_dir)
@@ -300,11 +301,14 @@ def _model_dir(model, progress) -> _Source:
 
 
 def _local_model(path: str, progress) -> _Source:
+    """A model the user named: a checkpoint dir, a .gguf file, an ONNX dir, or a Hugging Face hub id
+    (`org/name`, `org/name/file.gguf`; from the hub's cache when it is there, see `models.resolve_hub_id`)."""
     from .convert import gguf_to_hf
     from .loading import checkpoint_dir
+    from .models import is_hub_id, resolve_hub_id
     from .paths import user_path
 
-    p = user_path(path, "model path")
+    p = resolve_hub_id(path) if is_hub_id(str(path)) else user_path(path, "model path")
     if p.is_file() and p.suffix == ".gguf":
         return _Source(hf_dir=gguf_to_hf(p), gguf=p)
     if p.is_dir() and (p / "genai_config.json").is_file():
@@ -492,6 +496,44 @@ def build_session(args, progress: Callable[[str], None] | None = None):
 
     return ChatSession(rt.engine, rt.tokenizer, target_description=rt.target_description,
                        draft_description=rt.draft_description, policy_factory=policy_for)
+
+
+def prepare_models(target: str, draft: str | None = None, *, drafters: tuple[str, ...] | None = None,
+                   progress: Callable[[str], None] | None = None) -> dict[str, Path]:
+    """`edgespec prepare --target X [--draft Y]`: fetch (a hub id downloads once into the hub's cache), convert and
+    check the models a later `--target X --draft Y` runs on the CPU (the target as ONNX fp32, the draft as the
+    ONNX `drafters`, default int4; the pair's tokenizers compared), so that start reaches its first token in
+    seconds. Returns what was prepared."""
+    from .convert import hf_to_onnx
+    from .loading import load_tokenizer
+    from .progress import report, reporting_to
+
+    with reporting_to(progress) if progress else contextlib.nullcontext():
+        out: dict[str, Path] = {}
+        report(f"target: {target}")
+        t = _local_model(target, report)
+        if t.gguf is not None:
+            out["target (gguf)"] = t.gguf
+        if t.hf_dir is not None:
+            out["target (transformers)"] = t.hf_dir
+            out["target (onnx fp32)"] = hf_to_onnx(t.hf_dir, precision="fp32")
+        else:
+            out["target (onnx)"] = t.onnx_dir
+        if draft is None:
+            return out
+        report(f"draft: {draft}")
+        d = _local_model(draft, report)
+        if d.hf_dir is None:
+            raise EdgespecError(f"the draft {draft} is an ONNX model; give its transformers checkpoint or GGUF, "
+                                "which edgespec converts for each drafter")
+        validate_pair(t.hf_dir or t.onnx_dir, d.hf_dir, load_tokenizer(t.hf_dir or t.onnx_dir))
+        out["draft (transformers)"] = d.hf_dir
+        for name in drafters or ("int4",):
+            if name not in ("int4", "int8"):
+                raise EdgespecError(f"--drafters {name}: prepare converts ONNX drafters (int4, int8); "
+                                    "torch and llamacpp drafters run the checkpoint or GGUF as it is")
+            out[f"draft (onnx {name})"] = hf_to_onnx(d.hf_dir, precision=name, last_logits_only=True)
+        return out
 
 
 def prepare_pair(pair: str, *, drafters: tuple[str, ...] | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Path]:

@@ -49,7 +49,8 @@ def verify_sampling(
     Draft x at position i is accepted with probability min(1, p_target[i, x] / p_draft[i, x]); at the first
     rejection the correction is drawn from the normalised residual max(0, p_target[i] - p_draft[i]); when all K
     pass, the bonus is drawn from p_target[K]. `p_draft` is [K, V], `p_target` is [K+1, V]; both are computed in
-    float64 here so a ratio near 1 is not rounded the wrong way.
+    float64 here so a ratio near 1 is not rounded the wrong way. Rows of another width than p_target's (a draft
+    model with a smaller embedding over the same tokenizer) are widened with zeros (`common_width`).
 
     `guess` (token g, its draft distribution row [V]): the drafter's own sample for the bonus position (an
     overlapped drafter has already drafted on from it). When all K pass, g is judged by the same rule and is the
@@ -60,20 +61,31 @@ def verify_sampling(
     k = len(draft_tokens)
     if p_target.shape[0] != k + 1 or p_draft.shape[0] != k:
         raise ValueError(f"need {k} draft rows and {k + 1} target rows, got {p_draft.shape[0]} and {p_target.shape[0]}")
-    p_target = p_target.double()
-    p_draft = p_draft.double()
+    p_target, p_draft = common_width(p_target.double(), p_draft.double())
     for i, x in enumerate(draft_tokens):
         u = torch.rand((), generator=generator, dtype=torch.float64).item()
         if u < acceptance_probability(p_target[i, x].item(), p_draft[i, x].item()):
             continue
         return Verdict(i, _draw(residual_distribution(p_target[i], p_draft[i]), generator))
     if guess is not None:
-        g, p_guess = guess[0], guess[1].double()
+        g, p_guess = guess[0], common_width(p_target[k], guess[1].double())[1]
         u = torch.rand((), generator=generator, dtype=torch.float64).item()
         if u < acceptance_probability(p_target[k, g].item(), p_guess[g].item()):
             return Verdict(k, g)
         return Verdict(k, _draw(residual_distribution(p_target[k], p_guess), generator))
     return Verdict(k, _draw(p_target[k], generator))
+
+
+def common_width(p_target: torch.Tensor, p_draft: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both widened with zeros to the wider of the two. Two models over one tokenizer may have embeddings of
+    different sizes (Qwen2.5-7B has 152,064 rows, Qwen2.5-0.5B 151,936, both past the tokenizer's 151,665): a
+    token past a model's rows has probability zero under it, so the rule on the widened rows is still exact."""
+    extra = p_target.shape[-1] - p_draft.shape[-1]
+    if extra > 0:
+        p_draft = torch.nn.functional.pad(p_draft, (0, extra))
+    elif extra < 0:
+        p_target = torch.nn.functional.pad(p_target, (0, -extra))
+    return p_target, p_draft
 
 
 def acceptance_probability(p_target_x: float, p_draft_x: float) -> float:

@@ -145,6 +145,7 @@ def test_vocab_mismatch_error_names_the_fix():
     with pytest.raises(EdgespecError, match=r"draft 40 tokens, target 32\).*same tokenizer, or --draft ngram$"):
         check_vocab_sizes(40, 32)
     check_vocab_sizes(32, 32)  # the same size is accepted
+    check_vocab_sizes(32, 40)  # and a target with more rows (one tokenizer, embeddings padded differently)
 
 
 class _Repeater:

@@ -157,7 +157,7 @@ def round_then_target(p: Model, q: Model, k: int, with_guess: bool) -> dict[tupl
     against p on the drafted prefix), then the target alone for what the round left."""
     out: dict[tuple[int, ...], float] = defaultdict(float)
     continuation: dict[tuple[int, ...], dict] = {}
-    for x in itertools.product(range(p.vocab), repeat=k):
+    for x in itertools.product(range(q.vocab), repeat=k):  # the draft's rows may be fewer than the target's
         qx = 1.0
         for i in range(k):
             qx *= q(x[:i])[x[i]].item()
@@ -168,7 +168,7 @@ def round_then_target(p: Model, q: Model, k: int, with_guess: bool) -> dict[tupl
         guesses = [(None, 1.0)]
         if with_guess:  # an overlapped drafter's own sample at the bonus position, judged by the rule
             row = q(x)
-            guesses = [((g, row), row[g].item()) for g in range(p.vocab) if row[g] > 0]
+            guesses = [((g, row), row[g].item()) for g in range(q.vocab) if row[g] > 0]
         for guess, wg in guesses:
             for (n, token), w in exact_verdicts(list(x), p_draft, p_target, guess).items():
                 emitted = x[:n] + (token,)
@@ -206,6 +206,36 @@ def test_the_rules_output_is_distributed_exactly_as_the_target(vocab, k, seed, t
     expected = target_joint(p, k + 1)
     assert abs(sum(got.values()) - 1.0) < 1e-9
     assert max_gap(got, expected) < 1e-9
+
+
+@RULE
+@given(draft_vocab=st.integers(2, 3), extra=st.integers(1, 2), k=st.integers(1, 2), seed=st.integers(0, 2**32),
+       target_params=sampling_params, draft_params=sampling_params, levels=st.integers(1, 4),
+       mask_draft=st.sampled_from([0.0, 0.3]), with_guess=st.booleans())
+def test_the_rule_is_exact_when_the_target_has_more_rows_than_the_draft(draft_vocab, extra, k, seed, target_params,
+                                                                         draft_params, levels, mask_draft, with_guess):
+    """Two models over one tokenizer with embeddings of different sizes (Qwen2.5-7B's 152,064 rows against
+    0.5B's 151,936): the draft's rows are narrower, the rule reads its distribution as zero on the target's extra
+    rows, and the output is still distributed exactly as the target's (which does give those rows mass here)."""
+    p = Model(draft_vocab + extra, seed, target_params, levels, 0.0)
+    q = Model(draft_vocab, seed + 1, draft_params, levels, mask_draft)
+    assert q(()).shape[0] < p(()).shape[0]
+    got = round_then_target(p, q, k, with_guess)
+    expected = target_joint(p, k + 1)
+    assert abs(sum(got.values()) - 1.0) < 1e-9
+    assert max_gap(got, expected) < 1e-9
+
+
+def test_unequal_widths_are_widened_with_zeros():
+    p_t = torch.tensor([[0.2, 0.3, 0.5], [0.1, 0.1, 0.8]], dtype=torch.float64)
+    p_d = torch.tensor([[0.6, 0.4]], dtype=torch.float64)
+    # draft 0: accepted with 0.2/0.6; rejected, the residual max(0, p_t - (0.6, 0.4, 0)) = (0, 0, 0.5)
+    # accepted (1/3): the bonus from p_t[1]
+    assert exact_verdicts([0], p_d, p_t) == pytest.approx({(1, 0): 0.1 / 3, (1, 1): 0.1 / 3, (1, 2): 0.8 / 3,
+                                                           (0, 2): 2 / 3})
+    # the other way round (a wider draft) the target's rows are widened: its extra tokens have probability zero
+    wide_t, wide_d = verify.common_width(p_t[:, :2], torch.full((1, 3), 1 / 3))
+    assert wide_t.shape == (2, 3) and wide_t[:, 2].eq(0).all() and wide_d.shape == (1, 3)
 
 
 @pytest.mark.parametrize("with_guess", [False, True])

@@ -39,8 +39,10 @@ def perturbed(model: LlamaForCausalLM, scale: float, seed: int = 1) -> LlamaForC
     return other
 
 
-def save_tiny_checkpoint(path: Path, model: LlamaForCausalLM) -> Path:
-    """Save `model` with a character-level tokenizer (ids 0..4 special, then CHARS) and a chat template."""
+def save_tiny_checkpoint(path: Path, model: LlamaForCausalLM,
+                         special: tuple[str, ...] = ("<|user|>", "<|assistant|>")) -> Path:
+    """Save `model` with a character-level tokenizer (ids 0..4 special, then CHARS) and a chat template;
+    `special`: which of the role tokens are marked special (the ids stay the same)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
     from transformers import PreTrainedTokenizerFast
 
@@ -53,7 +55,7 @@ def save_tiny_checkpoint(path: Path, model: LlamaForCausalLM) -> Path:
     tok.decoder = decoders.Fuse()
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-        additional_special_tokens=["<|user|>", "<|assistant|>"],
+        additional_special_tokens=list(special),
     )
     fast.chat_template = CHAT_TEMPLATE
     path.mkdir(parents=True, exist_ok=True)

@@ -31,7 +31,7 @@ class ModelDrafter(DrafterBase):
         self.description = lm.description
         self.vocab_size = lm.vocab_size
         self.max_context = lm.max_context
-        self._cache = CachedPrefix(lm)
+        self._cache = _OwnRows(lm)
         self._ids: list[int] = []  # committed context
         # Proposed tokens beyond the committed context, in order, with their p_draft rows (None when greedy).
         # The cache holds at most ids + chain[:-1]. The chain can run ahead of what the engine asked for
@@ -146,6 +146,19 @@ class ModelDrafter(DrafterBase):
         self._chain, self._rows, self._conf = [], [], []
         if len(self._cache.ids) > keep:
             self._cache.crop(keep)
+
+
+class _OwnRows(CachedPrefix):
+    """The draft model's cache, fed only ids its embedding has. A draft model may have fewer rows than the target
+    (one tokenizer, embeddings padded differently: `engine.check_vocab_sizes`), and a target that samples one of
+    its extra rows gives the draft a token it cannot embed: that one is fed as id 0 (`ids` keep the real token).
+    The drafts after it may be worse, never wrong: the rule is exact whatever the draft proposes."""
+
+    def feed(self, ids: list[int], logits_for: int) -> torch.Tensor:
+        rows = self.lm.vocab_size
+        logits = self.lm.feed([t if t < rows else 0 for t in ids], logits_for)
+        self.ids.extend(ids)
+        return logits
 
 
 def TorchDrafter(model, *, max_context: int | None = None) -> ModelDrafter:
