@@ -74,7 +74,7 @@ MODELS_DIR = Path(__file__).resolve().parent / "data" / "pairs"  # package data:
 SOURCE_KINDS = ("pypi-wheel", "hf", "path")
 FORMATS = ("gguf", "hf", "onnx")
 # Names the CLI maps to drafter implementations; checked here so a typo in a manifest fails at load time.
-KNOWN_DRAFTERS = ("int4", "int8", "torch", "ngram")
+KNOWN_DRAFTERS = ("int4", "int8", "torch", "llamacpp", "ngram")
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 _UNREACHABLE = re.compile(r"NewConnectionError|connection broken|Failed to establish|name resolution|"
