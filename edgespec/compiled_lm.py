@@ -70,6 +70,7 @@ class CompiledTorchLM(TorchLM):
     def __init__(self, model, *, max_context: int | None = None, name: str = "model",
                  widths: tuple[int, ...] | None = None, context: int | None = None, backend: str = "inductor"):
         super().__init__(model, max_context=max_context, name=name)
+        self.name = name
         self.max_context = min(self.max_context, int(context or COMPILE_CONTEXT))
         self.widths = tuple(sorted(set(widths or COMPILE_WIDTHS)))
         self._usable = self.widths
@@ -164,16 +165,18 @@ class CompiledTorchLM(TorchLM):
         # An eager first step allocates the static cache outside the compiled region, where transformers marks
         # its tensors as static addresses (inside a compiled region it cannot, and CUDA graphs would copy them).
         self.feed([0] * (self.widths[-1] + 1), 0)
-        report(f"compiling the target's step for {len(self.widths)} widths ({', '.join(map(str, self.widths))} "
-               f"rows; {self.settings.backend}, {self.settings.mode}): once per start")
+        report(f"{self.name}: compiling its step for {len(self.widths)} widths ({', '.join(map(str, self.widths))} "
+               f"rows; {self.settings.backend}, {self.settings.mode}), once per start")
         for i, width in enumerate(self.widths, 1):
             for _ in range(WARM_UP_CALLS):
                 self._run_width(width)
-            report(f"compiled width {width} ({i}/{len(self.widths)}, {time.perf_counter() - start:.1f} s)")
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # the time said is the device's too
+            report(f"{self.name}: width {width} compiled ({i}/{len(self.widths)}, {time.perf_counter() - start:.1f} s)")
         self.reset()
         self.warm_up_s = time.perf_counter() - start
         self._graphs_after_warm_up = counters["stats"]["unique_graphs"]
-        report(f"target compiled in {self.warm_up_s:.1f} s")
+        report(f"{self.name}: compiled in {self.warm_up_s:.1f} s")
         return self.warm_up_s
 
     def _run_width(self, width: int) -> None:

@@ -48,9 +48,9 @@ def compiled(model):
     lm = compiled_lm(model, widths=WIDTHS, context=CONTEXT, report=lines.append)
     assert lm.settings.backend == "inductor" and lm.settings.mode == "default"  # no CUDA graphs on the CPU
     assert lm.graphs_since_warm_up() == 0 and lm.warm_up_s > 0
-    widths = [line.split(",")[0] for line in lines if line.startswith("compiled width")]
-    assert widths == [f"compiled width {w} ({i}/3" for i, w in enumerate(WIDTHS, 1)]  # progress, one line a width
-    assert lines[-1].startswith("target compiled in ")
+    widths = [line.split(",")[0] for line in lines if line.startswith("target: width")]
+    assert widths == [f"target: width {w} compiled ({i}/3" for i, w in enumerate(WIDTHS, 1)]  # one line a width
+    assert lines[-1].startswith("target: compiled in ")
     return lm
 
 
@@ -117,7 +117,7 @@ def test_a_compiled_runtime_is_described_as_planned_and_runs(tiny_checkpoints, m
     assert isinstance(lm, CompiledTorchLM) and lm.widths == WIDTHS and lm.max_context == CONTEXT
     assert rt.target_description.endswith(planned_torch_detail(spec)) and planned_torch_detail(spec).endswith(
         "torch cpu float32 compiled")
-    assert any(line.startswith("target compiled in") for line in lines)
+    assert any(line.startswith("target: compiled in") for line in lines)
     with no_new_graphs():
         assert len(rt.engine.run(PROMPT, max_new_tokens=8, policy=FixedK(4)).token_ids) == 8
     # not given: off on the CPU; a profile of the eager target is not matched by a compiled one
