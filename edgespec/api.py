@@ -22,7 +22,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from .errors import EdgespecError
@@ -200,6 +200,7 @@ class Model:
         self._engines = {runtime.drafter_name if runtime.engine.drafter is not None else "none": runtime.engine}
         self._policies: dict[tuple[str, str], object] = {}
         self._cached: list[int] = []  # what the target's cache holds after the last request (a prefix of it)
+        self._encoding = threading.Lock()  # one encode at a time: a fast tokenizer may reconfigure itself to encode
 
     # ---- what it is
 
@@ -232,7 +233,8 @@ class Model:
     def encode(self, prompt: str | Sequence[int]) -> list[int]:
         """A raw prompt (no chat template; special tokens as the tokenizer adds them), or token ids as they are."""
         if isinstance(prompt, str):
-            return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+            with self._encoding:
+                return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
         ids = list(prompt)
         vocab = self.runtime.engine.target.vocab_size
         if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
@@ -242,7 +244,8 @@ class Model:
     def encode_chat(self, messages: list[dict], system: str | None = None, *,
                     missing: str = "use a raw prompt instead") -> list[int]:
         """`messages` through the model's own chat template (the same as `edgespec chat`)."""
-        return encode_chat(self.tokenizer, messages, system, missing=missing)
+        with self._encoding:
+            return encode_chat(self.tokenizer, messages, system, missing=missing)
 
     # ---- requests
 

@@ -159,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_devices)
     add_chat_parser(sub)
+    add_serve_parser(sub)
     return parser
 
 
@@ -339,6 +340,29 @@ def cmd_chat(args: argparse.Namespace) -> int:
                   colour_origin=not args.no_color_origin, ui_nice=10)
     app.run()
     return app.return_code or 0
+
+
+def add_serve_parser(sub) -> None:
+    s = sub.add_parser("serve", help="serve the OpenAI-compatible HTTP API (chat, completions, /metrics) over one pair")
+    add_model_options(s)
+    s.add_argument("--k", default="auto", help="requests' default K: auto (default) or 0..16 (a request's edgespec.k overrides)")
+    s.add_argument("--temperature", type=float, default=1.0,
+                   help="for requests that send none (default 1, as OpenAI's API; 0 = greedy)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default loopback only; another needs --api-key or --insecure)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--api-key", default=None, help="require Authorization: Bearer KEY (default: $EDGESPEC_API_KEY)")
+    s.add_argument("--insecure", action="store_true", help="allow a non-loopback --host without an API key")
+    s.add_argument("--max-queue", type=int, default=16, help="requests that may wait for the device; past it 429 (default 16)")
+    s.add_argument("--max-body", type=int, default=4 * 2**20, help="largest request body in bytes; past it 413 (default 4 MiB)")
+    s.add_argument("--model-name", default=None, help="the model id clients send and /v1/models lists (default: the pair or target's name)")
+    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    s.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .server import serve_from_args
+
+    return serve_from_args(args)
 
 
 def main(argv: list[str] | None = None) -> int:
