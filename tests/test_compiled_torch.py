@@ -143,3 +143,18 @@ def test_compile_on_a_backend_that_cannot_is_a_one_line_error(tiny_checkpoints, 
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("edgespec: error: --compile compiles a torch target") and "Traceback" not in "".join(err)
+
+
+def test_eager_and_compiled_for_the_gpu_check_agree_on_one_model(model):
+    from edgespec.compiled_lm import eager_and_compiled
+
+    lines = []
+    eager, compiled = eager_and_compiled(model.config, device="cpu", dtype=torch.float32, widths=WIDTHS,
+                                         context=CONTEXT, report=lines.append)
+    assert compiled.model is eager.model and compiled.description == "torch cpu float32 compiled"
+    assert lines[-1].startswith("compiled: compiled in ")
+    with no_new_graphs():
+        for lm in (eager, compiled):
+            lm.feed(PROMPT, 0)
+        torch.testing.assert_close(compiled.feed([50, 51, 52, 53], 4), eager.feed([50, 51, 52, 53], 4),
+                                   atol=1e-4, rtol=1e-4)
