@@ -465,6 +465,7 @@ def load_spec(spec, *, k: int | str = "auto", temperature: float = 0.0, p_min: f
     """`load` from a `RuntimeSpec` (the CLI builds one from its arguments)."""
     from . import runtime
     from .policy import check_k, parse_p_min
+    from .progress import reporting_to
 
     if k != "auto":
         try:
@@ -472,7 +473,10 @@ def load_spec(spec, *, k: int | str = "auto", temperature: float = 0.0, p_min: f
         except EdgespecError:
             raise EdgespecError(f"k={k!r} is out of range; use auto or an integer from 0 to 16") from None
     p_min = parse_p_min(p_min)
-    chosen = runtime.select_profile(spec, profile, temperature) if k == "auto" else None
+    chosen = None
+    if k == "auto":  # the profile's drafter (and overlap) for this machine, or a warning that K calibrates online
+        with reporting_to(progress) if progress is not None else contextlib.nullcontext():
+            chosen = runtime.select_profile(spec, profile, temperature)
     rt = runtime.build_runtime(spec, progress)
     if name is None and rt.pair is None and spec.target is not None:
         name = Path(spec.target).name
