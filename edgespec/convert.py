@@ -169,7 +169,7 @@ def _dequantise_gguf(gguf_path: Path, out: Path) -> str:
 def hf_to_onnx(hf_dir: Path | str, *, precision: str = "int4", block_size: int = INT4_BLOCK_SIZE,
                symmetric: bool = INT4_SYMMETRIC, accuracy_level: int = INT4_ACCURACY_LEVEL,
                lm_head_int8: bool = INT4_LM_HEAD_INT8, quantize_embedding: bool = INT4_QUANTIZE_EMBEDDING,
-               last_logits_only: bool = False) -> Path:
+               last_logits_only: bool = False, execution_provider: str = "cpu") -> Path:
     """An ONNX decoder with a KV cache (onnxruntime-genai builder layout) for a transformers checkpoint dir.
 
     `precision` is "int4" or "int8" (MatMulNBits weights in blocks of `block_size`, `symmetric` or with zero
@@ -179,26 +179,36 @@ def hf_to_onnx(hf_dir: Path | str, *, precision: str = "int4", block_size: int =
     `last_logits_only` prunes the LM head to the last position of each call (the builder's `prune_lm_head`):
     a drafter only ever needs that one row, and its prefill of a long prompt then skips a vocabulary-sized
     matmul per prompt token. A target verifying K+1 positions needs them all, so it keeps the full head.
-    Cached on the checkpoint's files (config, weights, tokenizer) and on the options.
+    `execution_provider` is what the graph is built for: "cpu", or "cuda" (float16 activations and KV cache:
+    ORT's CUDA provider registers GroupQueryAttention for float16/bfloat16 only, so a CPU graph on CUDA ran its
+    attention on the CPU, copying the KV cache every layer). On "cuda" the precision is "fp16" or "int4"/"int8"
+    (weights in 4/8 bits, float16 activations), without the CPU-tuned int4 extras (int8 activations, an 8-bit LM
+    head, a 4-bit embedding table). Cached on the checkpoint's files (config, weights, tokenizer) and on the
+    options, the execution provider included.
     """
     hf_dir = Path(hf_dir).resolve()
     config = _read_hf_config(hf_dir)
+    if execution_provider not in ("cpu", "cuda"):
+        raise EdgespecError(f"unknown ONNX execution provider {execution_provider!r}; use 'cpu' or 'cuda'")
+    if execution_provider == "cuda" and precision == "fp32":
+        raise EdgespecError("ONNX Runtime's CUDA provider runs attention in float16/bfloat16 only; export with "
+                            "precision 'fp16' (or 'int4'/'int8') for CUDA")
+    if execution_provider == "cuda" and precision in ("int4", "int8"):
+        accuracy_level, lm_head_int8, quantize_embedding = 0, False, False
     if precision in ("int4", "int8"):
         options = {"precision": precision, "block_size": int(block_size), "is_symmetric": bool(symmetric),
                    "accuracy_level": int(accuracy_level)}
         if precision == "int4":
             options |= {"lm_head_int8": bool(lm_head_int8), "quantize_embedding": bool(quantize_embedding)}
-    elif precision == "fp32":
-        options = {"precision": "fp32"}
+    elif precision in ("fp32", "fp16"):
+        options = {"precision": precision}
     else:
-        raise EdgespecError(f"unknown ONNX precision {precision!r}; use 'int4', 'int8' or 'fp32'")
+        raise EdgespecError(f"unknown ONNX precision {precision!r}; use 'int4', 'int8', 'fp32' or 'fp16'")
     if last_logits_only:
         options["last_logits_only"] = True
-    try:
-        builder_version = importlib.metadata.version("onnxruntime-genai")
-    except importlib.metadata.PackageNotFoundError:
-        raise EdgespecError("onnxruntime-genai is not installed; `pip install onnxruntime-genai` to export "
-                            "models to ONNX") from None
+    if execution_provider != "cpu":  # (absent for the CPU, so the CPU exports' cache keys stay what they were)
+        options["execution_provider"] = execution_provider
+    builder_version = _builder_version()
     digest = dir_sha256(hf_dir)
     key = _key({"kind": "hf_to_onnx", "format": ONNX_FORMAT, "source": digest, "options": options,
                 "builder": builder_version})
@@ -212,6 +222,18 @@ def hf_to_onnx(hf_dir: Path | str, *, precision: str = "int4", block_size: int =
                 "onnxruntime_genai": builder_version}
 
     return _build_once(final, build, f"exporting {hf_dir.name} to ONNX {precision}")
+
+
+def _builder_version() -> str:
+    """The model builder's version: onnxruntime-genai's, or onnxruntime-genai-cuda's (the same builder, installed
+    under that name beside onnxruntime-gpu: `pip install 'edgespec[cuda]'`)."""
+    for dist in ("onnxruntime-genai", "onnxruntime-genai-cuda"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    raise EdgespecError("onnxruntime-genai is not installed, and it exports models to ONNX; install it with "
+                        "`pip install 'edgespec[cpu]'` (or 'edgespec[cuda]' on a CUDA machine)")
 
 
 def _read_hf_config(hf_dir: Path) -> dict:
@@ -243,7 +265,7 @@ def _builder_args(hf_dir: Path, out: Path, options: dict) -> list[str]:
     # ... does not match expected type (tensor(float))"). Untied models get false anyway: one code path.
     extra["shared_embeddings"] = "false"
     return [sys.executable, "-m", "onnxruntime_genai.models.builder", "-i", str(hf_dir), "-o", str(out),
-            "-p", options["precision"], "-e", "cpu", "-c", str(out / ".builder-cache"),
+            "-p", options["precision"], "-e", options.get("execution_provider", "cpu"), "-c", str(out / ".builder-cache"),
             "--extra_options", *[f"{k}={v}" for k, v in extra.items()]]
 
 

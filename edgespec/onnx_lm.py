@@ -9,8 +9,10 @@ length), it runs batch 1 only, and it knows nothing about tokenizers, sampling o
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -50,8 +52,11 @@ def default_threads() -> int:
 class OnnxLM:
     """A decoder-only ONNX model (input_ids, attention_mask, past KV -> logits, present KV) and its cache.
 
-    `threads` sets ORT's intra-op pool (default: every core this process may use); `device` is "cpu" or
-    "cuda" (ORT's CUDA execution provider, which must be installed: onnxruntime-gpu).
+    `threads` sets ORT's intra-op pool (default: every core this process may use); `device` is "cpu", "cuda" or
+    "cuda:N" (ORT's CUDA execution provider on GPU N, which must be installed: onnxruntime-gpu, `edgespec[cuda]`;
+    a model exported for it: `hf_to_onnx(..., execution_provider="cuda")`). ORT falls back to the CPU without a
+    word when the CUDA provider cannot start (a CUDA or cuDNN library missing), so the session's active providers
+    are checked after it is created, and a missing library is named.
 
     `min_rows`: a feed shorter than this runs as `min_rows` rows, the last id repeated, and keeps only its
     own rows. ORT's CPU kernels compute a one-token step differently from a step of several tokens (different
@@ -64,7 +69,11 @@ class OnnxLM:
 
     def __init__(self, onnx_dir: Path | str, *, threads: int | None = None, device: str = "cpu",
                  name: str = "model", min_rows: int = 1):
-        import onnxruntime as ort  # local: keep `import edgespec` light
+        try:
+            import onnxruntime as ort  # local: keep `import edgespec` light
+        except ImportError:
+            raise EdgespecError("ONNX Runtime is not installed; `pip install 'edgespec[cpu]'` (or 'edgespec[cuda]' "
+                                "on a CUDA machine, docs/gpu.md)") from None
 
         onnx_dir = Path(onnx_dir)
         fix = f"delete {onnx_dir} and run `edgespec prepare` again"
@@ -78,16 +87,11 @@ class OnnxLM:
             # Our cache relies on GroupQueryAttention updating a shared past/present buffer in place.
             raise EdgespecError(f"{model_path} was not exported with an in-place KV cache; {fix}")
 
-        if device == "cuda":
-            if "CUDAExecutionProvider" not in ort.get_available_providers():
-                raise EdgespecError(
-                    "onnxruntime has no CUDA execution provider here; install onnxruntime-gpu or use device='cpu'"
-                )
-            providers = ["CUDAExecutionProvider", "CPUExecutionProvider"]
-        elif device == "cpu":
-            providers = ["CPUExecutionProvider"]
-        else:
-            raise EdgespecError(f"unknown ONNX Runtime device {device!r}; use 'cpu' or 'cuda'")
+        providers = ort_providers(device)
+        if device != "cpu" and "CUDAExecutionProvider" not in ort.get_available_providers():
+            raise EdgespecError(f"this onnxruntime ({ort.__version__}) has no CUDA execution provider; install "
+                                f"onnxruntime-gpu in its place (`pip install 'edgespec[cuda]'`, docs/gpu.md) or run "
+                                f"the model on the CPU")
 
         options = ort.SessionOptions()
         self.threads = int(threads or default_threads())
@@ -105,6 +109,12 @@ class OnnxLM:
             lines = str(e).strip().splitlines()
             reason = lines[0][:200] if lines else type(e).__name__
             raise EdgespecError(f"cannot load {model_path} ({reason}); {fix}") from e
+        if device != "cpu" and "CUDAExecutionProvider" not in self.session.get_providers():
+            raise EdgespecError(f"ONNX Runtime's CUDA provider did not start, so {model_path.name} would run on the "
+                                f"CPU ({cuda_provider_problem(ort)}); install the CUDA and cuDNN libraries this "
+                                f"onnxruntime-gpu was built for (`pip install 'onnxruntime-gpu[cuda,cudnn]'`) or "
+                                f"run the model on the CPU")
+        self._device_id = providers[0][1]["device_id"] if device != "cpu" else 0
 
         in_names = decoder.get("inputs", {})
         out_names = decoder.get("outputs", {})
@@ -251,12 +261,41 @@ class OnnxLM:
                 values.append(self._ort.OrtValue.ortvalue_from_numpy(array))
             else:
                 # Growing a GPU buffer goes through host memory; it happens a handful of times a session.
-                values.append(self._ort.OrtValue.ortvalue_from_numpy(array, "cuda", 0))
+                values.append(self._ort.OrtValue.ortvalue_from_numpy(array, "cuda", self._device_id))
         self._kv_arrays, self._kv_values = arrays, values
         for past, present, value in zip(self._past_names, self._present_names, values):
             self._binding.bind_ortvalue_input(past, value)
             self._binding.bind_ortvalue_output(present, value)
         self._capacity = capacity
+
+
+def ort_providers(device: str) -> list:
+    """ONNX Runtime's providers for "cpu", "cuda" or "cuda:N" (the CUDA provider on GPU N, the CPU one for the
+    few nodes it does not take)."""
+    if device == "cpu":
+        return ["CPUExecutionProvider"]
+    m = re.fullmatch(r"cuda(?::(\d+))?", device)
+    if m is None:
+        raise EdgespecError(f"unknown ONNX Runtime device {device!r}; use 'cpu', 'cuda' or 'cuda:N'")
+    return [("CUDAExecutionProvider", {"device_id": int(m.group(1) or 0)}), "CPUExecutionProvider"]
+
+
+def cuda_provider_problem(ort) -> str:
+    """Why ORT's CUDA provider did not start, in words: its library is absent (a CPU build), or the first library
+    it needs that the loader cannot find (e.g. "libcudnn.so.9: cannot open shared object file")."""
+    library = _cuda_provider_library(ort)
+    if not library.is_file():
+        return f"this onnxruntime {ort.__version__} has no {library.name}: it is the CPU build"
+    try:
+        ctypes.CDLL(str(library))
+    except OSError as err:
+        return f"{library.name} cannot load: {str(err).split(library.name + ': ')[-1][:200]}"
+    return f"{library.name} loads here, so the reason is in ONNX Runtime's own log"
+
+
+def _cuda_provider_library(ort) -> Path:
+    name = "onnxruntime_providers_cuda.dll" if os.name == "nt" else "libonnxruntime_providers_cuda.so"
+    return Path(ort.__file__).parent / "capi" / name
 
 
 def _read_genai_config(onnx_dir: Path, fix: str) -> dict:

@@ -355,10 +355,18 @@ def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onn
     onnx_dir = source.onnx_dir
     if onnx_dir is None:
         # A drafter needs the last position's logits only: its prefill then skips the vocabulary-sized matmul.
-        onnx_dir = hf_to_onnx(source.hf_dir, precision=onnx_precision, last_logits_only=role == "draft")
+        onnx_dir = hf_to_onnx(source.hf_dir, **onnx_export(onnx_precision, device), last_logits_only=role == "draft")
     threads = spec.draft_threads or spec.threads if role == "draft" else spec.threads
     check_before_loading(device, lambda: onnx_need(f"the {role}", onnx_dir), _MEMORY_FIX[role])
-    return OnnxLM(onnx_dir, threads=threads, device="cuda" if device.startswith("cuda") else "cpu", name=role)
+    return OnnxLM(onnx_dir, threads=threads, device=device, name=role)
+
+
+def onnx_export(precision: str, device: str) -> dict:
+    """`hf_to_onnx`'s precision and execution provider for a model that will run on `device`: on CUDA a graph
+    built for the CUDA provider (float16 attention; an fp32 export becomes fp16, which that provider runs)."""
+    if not device.startswith("cuda"):
+        return {"precision": precision}
+    return {"precision": "fp16" if precision == "fp32" else precision, "execution_provider": "cuda"}
 
 
 def _label(model, path: str | None) -> str:
