@@ -72,5 +72,10 @@ async def test_one_real_turn_on_smollm2():
     app = ChatApp(factory, settings={"max_new_tokens": 24, "k": 3})
     view, status = await one_turn(app, "What is the capital of France?", load_timeout=300, turn_timeout=120)
     assert "SmolLM2" in status and "tok/s" in status
-    assert "Paris" in view.text
+    # the answer is the target's own greedy answer: the same session run directly without drafts gives it
+    # (on llama.cpp's Q4_1 kernels this model answers "L'Étoile, ..." where the fp32 ONNX export said "Paris":
+    # a near tie at the first token, 25.10 vs 24.86; the chat must show what the target computes)
+    direct = app.session.reply([{"role": "user", "content": "What is the capital of France?"}],
+                               Settings(max_new_tokens=24, k=0))
+    assert view.text == "".join(c.text for c in direct) and view.text.strip()
     assert any("ready" in line for line in progress_lines)
