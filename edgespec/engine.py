@@ -260,8 +260,8 @@ def judge(draft: Draft, logits: torch.Tensor, params: SamplingParams, rng: torch
 
 
 def _check_on_cpu(what: str, tensor: torch.Tensor) -> None:
-    """A backend that breaks the device contract fails here, by name, rather than deep in the rule's arithmetic
-    (and only when sampling: a greedy argmax would work on any device)."""
+    """A backend that breaks the device contract fails here, by name, greedy or not: a greedy argmax would work on
+    any device, and the broken contract would surface only at the first sampled request, deep in the rule."""
     if tensor.device.type != "cpu":
         raise RuntimeError(f"{what} are on {tensor.device}, but the rule runs on the CPU: a Target returns CPU "
                            f"logits and a Drafter CPU rows (the device contract, edgespec/target.py)")
