@@ -155,6 +155,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="comma list of model drafters to prepare (default: the pair's; int4 for --draft)")
     pr.set_defaults(func=cmd_prepare)
 
+    mo = sub.add_parser("models", help="the known pairs, what is downloaded and converted (with sizes); free the cache")
+    mo.add_argument("--remove", action="append", default=[], metavar="NAME",
+                    help="free a pair's downloads and conversions, or one entry by the name listed (repeatable)")
+    mo.add_argument("--clean", action="store_true", help="free everything edgespec wrote in its cache")
+    mo.set_defaults(func=cmd_models)
+
     d = sub.add_parser("devices", help="what this machine has: CPU, memory, CUDA GPUs, ONNX Runtime providers")
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_devices)
@@ -270,6 +276,32 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         prepared = prepare_pair(args.pair or DEFAULT_PAIR, drafters=drafters)
     for what, path in prepared.items():
         print(f"{what:24} {path}")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from . import cache
+
+    found = cache.entries()
+    if not args.remove and not args.clean:
+        print(cache.listing(found))
+        return 0
+    chosen = found if args.clean else [e for name in args.remove for e in cache.select(name, found)]
+    freed, kept = 0, []
+    for entry in {id(e): e for e in chosen}.values():
+        if not entry.files:
+            kept.append(f"{entry.path} ({entry.note})")
+            continue
+        size, left = cache.remove(entry)
+        freed += size
+        kept += [f"{p} (not written by edgespec)" for p in left]
+        print(f"removed {entry.name} ({cache.human(size)})")
+    if args.clean:
+        for path in cache.leftovers():
+            freed += cache.remove_path(path)
+    for line in kept:
+        print(f"left alone: {line}")
+    print(f"freed {cache.human(freed)}")
     return 0
 
 

@@ -471,6 +471,14 @@ def _key(fields: dict) -> str:
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def _model_name(directory: Path) -> str:
+    """A checkpoint's name for its conversions' folder: a hub cache snapshot (models--org--name/snapshots/<commit>)
+    by its repo, anything else by its folder's name."""
+    if directory.parent.name == "snapshots" and directory.parent.parent.name.startswith("models--"):
+        return directory.parent.parent.name.removeprefix("models--")
+    return directory.name
+
+
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:60] or "model"
 
@@ -491,14 +499,6 @@ def _write_json_atomic(path: Path, data: dict) -> None:
 
 
 # --------------------------------------------------------------------------------------------- progress
-
-
-def _model_name(directory: Path) -> str:
-    """A checkpoint's name for its conversions' folder: a hub cache snapshot (models--org--name/snapshots/<commit>)
-    by its repo, anything else by its folder's name."""
-    if directory.parent.name == "snapshots" and directory.parent.parent.name.startswith("models--"):
-        return directory.parent.parent.name.removeprefix("models--")
-    return directory.name
 
 
 def _note(message: str) -> None:

