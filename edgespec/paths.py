@@ -1,7 +1,10 @@
-"""Where edgespec keeps files outside the repository.
+"""Where edgespec keeps files outside the repository (and outside the installed package).
 
-Converted and downloaded models live in the user cache dir (platformdirs), never in the repo.
-`EDGESPEC_CACHE` overrides it (tests point it at a temp dir; CI keeps one between test runs).
+Converted and downloaded models live in the user cache dir, profiles measured here and chat history in the user
+data dir, as platformdirs places them (on Linux `$XDG_CACHE_HOME/edgespec`, default ~/.cache/edgespec, and
+`$XDG_DATA_HOME/edgespec`, default ~/.local/share/edgespec). `EDGESPEC_CACHE` and `EDGESPEC_DATA` override
+them (tests point them at temp dirs; CI keeps a cache between test runs). Models named by hub id stay in
+huggingface_hub's cache (`HF_HOME`, `HF_HUB_CACHE`).
 """
 
 from __future__ import annotations

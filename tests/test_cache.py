@@ -137,3 +137,16 @@ def test_a_file_found_without_a_marker_is_recorded_as_placed_and_kept(tmp_path, 
     assert json.loads(final.with_name(final.name + ".verified").read_text())["origin"] == "placed"
     run(capsys, "--clean")
     assert final.is_file()
+
+
+@pytest.mark.skipif(not __import__("sys").platform.startswith("linux"), reason="XDG dirs are Linux's")
+def test_the_cache_and_data_dirs_follow_xdg_unless_edgespec_names_them(tmp_path, monkeypatch):
+    from edgespec.paths import cache_dir, data_dir
+
+    monkeypatch.delenv("EDGESPEC_CACHE", raising=False)
+    monkeypatch.delenv("EDGESPEC_DATA", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg-cache"))
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg-data"))
+    assert cache_dir() == tmp_path / "xdg-cache" / "edgespec" and data_dir() == tmp_path / "xdg-data" / "edgespec"
+    monkeypatch.setenv("EDGESPEC_CACHE", str(tmp_path / "mine"))
+    assert cache_dir() == tmp_path / "mine"

@@ -140,3 +140,27 @@ def test_prepare_converts_a_hub_pair_once(hub, capsys):
     assert "first start:" in err  # the cache's place, said once
     code, again, err = run(capsys, "prepare", "--target", "org/tiny-target", "--draft", "org/tiny-draft")
     assert code == 0 and again == out and "exporting" not in err  # cached: nothing converted twice
+
+
+def test_a_hub_download_shows_one_bar_of_bytes(capsys):
+    """huggingface_hub opens three bars for a snapshot (files fetched, bytes received, bytes written) through the
+    class it is given: of those, only the bytes received reach the front end, as one bar."""
+    from huggingface_hub.utils.tqdm import _create_progress_bar, hf_thread_map
+
+    from edgespec.models import _hub_bar
+    from edgespec.progress import BarLine, reporting_to
+
+    shown = []
+    with reporting_to(shown.append):
+        bar_class = _hub_bar("downloading org/model", True)
+        received = _create_progress_bar(cls=bar_class, log_level=20, desc="Downloading bytes", total=0, initial=0,
+                                        unit="B", unit_scale=True)
+        written = _create_progress_bar(cls=bar_class, log_level=20, desc="Reconstructing (incomplete total...)",
+                                       total=0, initial=0, unit="B", unit_scale=True)
+        received.total = 2048
+        hf_thread_map(lambda n: (received.update(n), written.update(n)), [1024, 1024], desc="Fetching 2 files",
+                      max_workers=1, tqdm_class=bar_class)
+        received.close()
+        written.close()
+    assert shown and all(isinstance(line, BarLine) for line in shown) and len({line.key for line in shown}) == 1
+    assert shown[-1].startswith("downloading org/model: 100% 2.00k/2.00kB")
