@@ -94,3 +94,9 @@ def test_profile_show_lists_the_shipped_profiles_and_the_user_dir(installed):
     listed = [line for line in out.splitlines() if ".toml" in line and "[" in line]
     assert len(listed) >= 8 and all(line.startswith(str(shipped)) for line in listed), out
     assert str(Path(installed["env"]["EDGESPEC_DATA"]) / "profiles") in out
+
+
+def test_models_lists_the_shipped_pairs(installed):
+    out = edgespec(installed, "models").stdout
+    assert str(Path(installed["venv"]).resolve()) in out.splitlines()[0]  # the pairs from the installed package
+    assert "smollm2-135m" in out and "qwen2.5-coder-1.5b" in out and installed["env"]["EDGESPEC_CACHE"] in out
