@@ -29,9 +29,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default=None, help="target instead of a pair: a Hugging Face hub id (org/name, or "
                    "org/name/file.gguf), a checkpoint dir, a .gguf file or an ONNX dir")
     p.add_argument("--draft", default=None,
-                   help="int4 / int8 (draft model under ONNX Runtime), torch, ngram (prompt lookup), none, or a draft model: a hub id, checkpoint dir or .gguf file")
-    p.add_argument("--draft-backend", default="int4", choices=["int4", "int8", "torch"], help="how a draft given as a path runs")
-    p.add_argument("--target-backend", default="auto", help="auto (torch on CUDA, ONNX Runtime on CPU), torch, onnx, or llamacpp (a GGUF on llama.cpp's kernels: the llamacpp extra)")
+                   help="int4 / int8 (draft model under ONNX Runtime), torch, llamacpp (the draft GGUF on llama.cpp), ngram (prompt lookup), none, or a draft model: a hub id, checkpoint dir or .gguf file")
+    p.add_argument("--draft-backend", default="int4", choices=["int4", "int8", "torch", "llamacpp"], help="how a draft given as a path runs (llamacpp: a GGUF on llama.cpp)")
+    p.add_argument("--target-backend", default="auto", help="auto (torch on CUDA; on the CPU a GGUF runs on llama.cpp when the llamacpp extra is installed, anything else on ONNX Runtime), torch, onnx, or llamacpp")
     p.add_argument("--target-device", "--device", dest="target_device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--draft-device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--dtype", default="auto", help="torch target dtype: auto (bf16 on CUDA GPUs of compute capability 8.0+, fp16 on older ones, fp32 on CPU), float32, bfloat16, float16")
