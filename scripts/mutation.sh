@@ -32,7 +32,7 @@ config_for() {  # the [mutmut] section of setup.cfg for one group
         rule)     only="edgespec/verify.py edgespec/sampling.py"
                   tests="tests/test_verify.py tests/test_sampling.py tests/test_properties.py tests/test_mutants.py -k 'not engine'" ;;
         engine)   only="edgespec/engine.py"
-                  tests="tests/test_engine.py tests/test_overlap.py tests/test_pieces.py tests/test_early_stop.py tests/test_notices.py tests/test_mutants.py -k '$ENGINE_SLOW'" ;;
+                  tests="tests/test_engine.py tests/test_overlap.py tests/test_pieces.py tests/test_early_stop.py tests/test_notices.py tests/test_mutants.py tests/test_device_contract.py -k '$ENGINE_SLOW'" ;;
         drafters) only="edgespec/drafters/*.py"
                   tests="tests/test_engine.py tests/test_overlap.py tests/test_pieces.py tests/test_early_stop.py tests/test_notices.py -k '$ENGINE_SLOW'" ;;
         policy)   only="edgespec/policy.py edgespec/costmodel.py"

@@ -236,6 +236,32 @@ def test_the_engines_timings_are_the_devices_time(pair):
     assert device.queued == 0
 
 
+def test_each_step_reports_its_draft_time_and_the_time_since_the_request_began(pair):
+    """draft_ms is the drafter's own time (ms), elapsed_s the time from the request's start to the end of the step:
+    prefill and every round before it (mutants scaling or summing the draft time, or dropping prefill_ms or
+    elapsed_s, survived the engine's other tests)."""
+    device = Device()
+
+    class Timed(ModelDrafter):  # a close draft model (plain CPU torch: only this clock's 7 ms a token count)
+        def propose(self, k, *args, **kwargs):
+            draft = super().propose(k, *args, **kwargs)
+            device.now += 0.007 * (1 + len(draft))
+            return draft
+
+    device.now = 100.0  # a clock that does not start at 0, as perf_counter does not
+    target = ModelTarget(QueuedLM(TorchLM(pair["target"], name="target"), device), synchronize=device.wait)
+    steps = list(SpeculativeEngine(target, Timed(TorchLM(pair["close"], name="draft")), clock=device).generate(PROMPT, max_new_tokens=NEW_TOKENS,
+                                                                              policy=FixedK(4)))
+    prefill_s = 0.1 * (len(PROMPT) - 1)
+    assert steps[0].prefill_ms == pytest.approx(prefill_s * 1000) and all(s.prefill_ms == 0 for s in steps[1:])
+    elapsed = prefill_s
+    for step in steps:
+        assert step.draft_ms == pytest.approx(7 * (1 + step.n_drafted) if step.k else 0.0), step  # K=0: no proposal
+        elapsed += (step.draft_ms + step.verify_ms) / 1000
+        assert step.elapsed_s == pytest.approx(elapsed), step
+    assert sum(s.n_drafted for s in steps) > 0 and steps[-1].stop_reason == "length"
+
+
 def test_the_profiles_latencies_are_the_devices_time(pair, monkeypatch):
     from edgespec import profiling
 
