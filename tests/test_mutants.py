@@ -3,6 +3,8 @@
 Each asserts behaviour a user relies on; the mutant it was written against is named in its docstring.
 """
 
+import re
+
 import pytest
 import torch
 
@@ -315,3 +317,82 @@ def test_the_policy_hears_a_guess_round_as_a_round_without_drafts():
     steps = list(SpeculativeEngine(target, NgramDrafter()).generate(LOOPING, max_new_tokens=12, policy=policy))
     assert any(s.n_drafted > 0 and s.n_accepted > 0 for s in steps)  # accepted guesses happened
     assert policy.heard == [(0, 0, 0, 0)] * len(steps)
+
+
+class _Asking:
+    """A fixed-K policy that records what the engine tells it before each round."""
+
+    def __new__(cls, k):
+        from edgespec.policy import MAX_K, FixedK
+
+        class Asking(FixedK):
+            def __init__(self):
+                super().__init__(min(k, MAX_K))  # FixedK refuses more; next_k below asks for `k` anyway
+                self.asked = []
+
+            def next_k(self, *, remaining, lag=0):
+                self.asked.append((remaining, lag))
+                return k
+
+        return Asking()
+
+
+def _lagging_repeater(token, lag):
+    drafter = _Repeater(token)
+    type(drafter).lag = lag  # a draft model that has not yet taken in `lag` tokens of context
+    return drafter
+
+
+def test_the_policy_hears_the_budget_left_and_the_drafters_lag_and_k_stays_within_both_limits():
+    """next_k gets the tokens still to generate and the drafter's lag (mutants passed remaining=None or dropped
+    lag), and whatever it asks, K stays at most MAX_K and below the budget left (mutants dropped either cap or
+    loosened the budget's to remaining + 1)."""
+    from tiny import tiny_llama
+
+    from edgespec.engine import SpeculativeEngine
+    from edgespec.policy import MAX_K
+    from edgespec.target import TorchTarget
+
+    target = TorchTarget(tiny_llama(vocab_size=32, seed=0), max_context=200)
+    policy = _Asking(100)
+    engine = SpeculativeEngine(target, _lagging_repeater(3, 7))
+    steps = list(engine.generate([5, 9, 14, 3], max_new_tokens=40, policy=policy))
+    generated = 0
+    for step, (remaining, lag) in zip(steps, policy.asked, strict=True):
+        assert remaining == 40 - generated and lag == 7
+        assert step.k == min(MAX_K, remaining - 1), (step.k, remaining)
+        generated += len(step.tokens)
+    assert steps[0].k == MAX_K and generated == 40
+
+
+def test_a_proposals_catch_up_time_reaches_its_step_in_milliseconds():
+    """Step.catch_up_ms is the drafter's catch-up seconds times 1000 (mutants divided or scaled it)."""
+    from tiny import tiny_llama
+
+    from edgespec.drafters import Draft
+    from edgespec.engine import SpeculativeEngine
+    from edgespec.policy import FixedK
+    from edgespec.target import TorchTarget
+
+    drafter = _Repeater(3)
+    type(drafter).propose = lambda self, k, params, generator, *, p_min=0.0: Draft([3] * k, catch_up_s=0.25)
+    engine = SpeculativeEngine(TorchTarget(tiny_llama(vocab_size=32, seed=0), max_context=64), drafter)
+    steps = list(engine.generate([5, 9, 14, 3], max_new_tokens=6, policy=FixedK(2)))
+    assert [s.catch_up_ms for s in steps if s.k] and all(s.catch_up_ms == 250.0 for s in steps if s.k)
+
+
+@pytest.mark.parametrize("off_cpu", ["logits", "p_draft", "guess"])
+def test_judge_names_the_rows_that_are_off_the_cpu(off_cpu):
+    """The device contract's check says which rows broke it (mutants dropped or rewrote each name, or skipped
+    the guess's check when it had a row)."""
+    from edgespec.drafters import Draft
+    from edgespec.engine import judge
+
+    where = {name: ("meta" if name == off_cpu else "cpu") for name in ("logits", "p_draft", "guess")}
+    logits = torch.zeros(3, 8, device=where["logits"])
+    draft = Draft([1, 2], p_draft=torch.full((2, 8), 1 / 8, device=where["p_draft"]))
+    guess = (4, torch.full((8,), 1 / 8, device=where["guess"]))
+    name = {"logits": "the target's logits", "p_draft": "the drafter's p_draft",
+            "guess": "the drafter's p_draft (its guess at the bonus token)"}[off_cpu]
+    with pytest.raises(RuntimeError, match=rf"^{re.escape(name)} are on meta, but the rule runs on the CPU"):
+        judge(draft, logits, SamplingParams(temperature=0.7), torch.Generator().manual_seed(0), guess)
