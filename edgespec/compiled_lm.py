@@ -21,7 +21,7 @@ import types
 import torch
 
 from .errors import EdgespecError
-from .lm import TorchLM, torch_description
+from .lm import TorchLM, check_feed, torch_description
 from .policy import MAX_K
 
 # Whether `--compile` is on when not given, on CUDA (it is always off on the CPU, where the default target is
@@ -128,10 +128,7 @@ class CompiledTorchLM(TorchLM):
         if not ids:
             return torch.empty(0, self.vocab_size)
         n = len(ids)
-        if not 0 <= logits_for <= n:
-            raise ValueError(f"logits_for={logits_for} must be between 0 and {n}")
-        if self.length + n > self.max_context:
-            raise ValueError(f"{self.length + n} tokens exceed the model's context of {self.max_context}")
+        check_feed(n, logits_for, self.length, self.max_context)
         width = self.width(n)
         if width is None:  # a prompt: eager, as transformers' generate runs its prefill, on the same cache
             out = self.model(input_ids=torch.tensor([ids], dtype=torch.long, device=self.device), use_cache=True,

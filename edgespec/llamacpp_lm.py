@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from .errors import EdgespecError
-from .lm import feed_padded
+from .lm import check_feed, feed_padded
 
 INSTALL_HINT = "pip install 'edgespec[llamacpp]' (compiles llama.cpp: several minutes)"
 DEFAULT_CONTEXT = 8192  # the KV cache is allocated up front: at most this many tokens unless asked for more
@@ -161,12 +161,9 @@ class LlamaCppLM:
         if not ids:
             return torch.empty(0, self.vocab_size)
         n = len(ids)
-        if not 0 <= logits_for <= n:
-            raise ValueError(f"logits_for={logits_for} must be between 0 and {n}")
+        check_feed(n, logits_for, self._length, self.max_context)
         if n < self.min_rows and self._length + self.min_rows <= self.max_context:
             return feed_padded(self, ids, logits_for)
-        if self._length + n > self.max_context:
-            raise ValueError(f"{self._length + n} tokens exceed the model's context of {self.max_context}")
         out = np.empty((logits_for, self.vocab_size), dtype=np.float32)
         first_out, got = n - logits_for, 0
         batch = self._batch

@@ -133,10 +133,7 @@ class TorchLM:
         if not ids:
             return torch.empty(0, self.vocab_size)
         n = len(ids)
-        if not 0 <= logits_for <= n:
-            raise ValueError(f"logits_for={logits_for} must be between 0 and {n}")
-        if self.length + n > self.max_context:
-            raise ValueError(f"{self.length + n} tokens exceed the model's context of {self.max_context}")
+        check_feed(n, logits_for, self.length, self.max_context)
         rows = max(n, self._min_rows)
         if self.length + rows > self.max_context:
             rows = n  # the context's last positions: no room to pad (exactness ends there)
@@ -173,6 +170,14 @@ class TorchLM:
         if length < self.length:
             self._cache.crop(length - self.length)  # transformers 5: a negative count of tokens to remove
             del self._ids[length:]
+
+
+def check_feed(n: int, logits_for: int, length: int, max_context: int) -> None:
+    """The arguments every `CausalLM.feed` refuses: logits asked for more rows than fed, or a feed past the context."""
+    if not 0 <= logits_for <= n:
+        raise ValueError(f"logits_for={logits_for} must be between 0 and {n}")
+    if length + n > max_context:
+        raise ValueError(f"{length + n} tokens exceed the model's context of {max_context}")
 
 
 def feed_padded(lm, ids: list[int], logits_for: int) -> torch.Tensor:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from .errors import EdgespecError
-from .lm import feed_padded
+from .lm import check_feed, feed_padded
 
 # The builder's I/O names; genai_config.json may spell them out, and then we read them from there.
 _PAST_KEY, _PAST_VALUE = "past_key_values.%d.key", "past_key_values.%d.value"
@@ -188,8 +188,7 @@ class OnnxLM:
         if not ids:
             return torch.empty(0, self.vocab_size)
         n = len(ids)
-        if not 0 <= logits_for <= n:
-            raise ValueError(f"logits_for={logits_for} must be between 0 and {n}")
+        check_feed(n, logits_for, self._length, self.max_context)
         if n < self.min_rows and not self.last_logits_only and self._length + self.min_rows <= self.max_context:
             return feed_padded(self, ids, logits_for)
         if n > PREFILL_CHUNK:
@@ -198,8 +197,6 @@ class OnnxLM:
             raise ValueError(f"{self.description} computes the last position's logits only (pruned LM head), "
                              f"asked for {logits_for}; use a model exported without last_logits_only")
         total = self._length + n
-        if total > self.max_context:
-            raise ValueError(f"{total} tokens exceed the model's context of {self.max_context}")
         self._reserve(total)
         io = self._binding
         io.bind_cpu_input(self._input_ids, np.asarray([ids], dtype=np.int64))
@@ -220,8 +217,6 @@ class OnnxLM:
     def _feed_chunked(self, ids: list[int], logits_for: int) -> torch.Tensor:
         """`feed` in chunks of `PREFILL_CHUNK` tokens, each returning the rows of the last `logits_for` it holds."""
         n, first_wanted, rows = len(ids), len(ids) - logits_for, []
-        if self._length + n > self.max_context:
-            raise ValueError(f"{self._length + n} tokens exceed the model's context of {self.max_context}")
         for start in range(0, n, PREFILL_CHUNK):
             end = min(start + PREFILL_CHUNK, n)
             rows.append(self.feed(ids[start:end], max(0, end - max(start, first_wanted))))
