@@ -11,7 +11,8 @@ The device runs one request at a time (batch 1): requests from several threads w
 come, first served (`FairLock`). Each request can be cancelled (`Stream.cancel()`, or a `threading.Event`
 passed as `cancel=`): it ends after the current round, and a request cancelled while it waits never runs.
 The target's cache is kept between requests, so a request that shares a prefix with the previous one (a chat's
-next turn) prefills only the part that is new. `edgespec generate` and `edgespec serve` go through this module.
+next turn) prefills only the part that is new. `edgespec generate`, `edgespec chat` and `edgespec serve` go
+through this module.
 """
 
 from __future__ import annotations
@@ -217,6 +218,12 @@ class Model:
     def description(self) -> dict:
         return {"target": self.runtime.target_description, "draft": self.runtime.draft_description,
                 "drafter": self.drafter, "k": self.k}
+
+    @property
+    def has_chat_template(self) -> bool:
+        """The tokenizer has a chat template, which `chat` needs (an instruct/chat model); without one, prompt
+        with raw text (`generate`/`stream`)."""
+        return bool(getattr(self.tokenizer, "chat_template", None))
 
     @property
     def busy(self) -> bool:

@@ -360,18 +360,28 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 warning = (f"the saved chat {chat_id} cannot be read ({err.reason}); "
                            "the file is left untouched and this is a new chat")
 
-    def factory(progress):
-        from .runtime import build_session
-
-        return build_session(args, progress=progress)
-
     from tui.app import ChatApp
 
     # ui_nice: the UI draws in the gaps of generation instead of preempting it (see tui.app).
-    app = ChatApp(factory, settings=settings, system=args.system, record=record, warning=warning,
-                  colour_origin=not args.no_color_origin, ui_nice=10)
+    app = ChatApp(lambda progress: load_chat_model(args, progress), settings=settings, system=args.system,
+                  record=record, warning=warning, colour_origin=not args.no_color_origin, ui_nice=10)
     app.run()
     return app.return_code or 0
+
+
+def load_chat_model(args: argparse.Namespace, progress):
+    """The `edgespec.api.Model` `edgespec chat` talks to (the chat app's factory, run on its model thread): loaded
+    with `load_spec` as `edgespec generate` loads one, but always with K = auto's profile, so the chat's settings
+    can switch between auto and a fixed K from one turn to the next (each turn passes its own K)."""
+    from .api import load_spec
+    from .policy import parse_p_min
+
+    model = load_spec(runtime_spec(args), k="auto", temperature=args.temperature, p_min=parse_p_min(args.p_min),
+                      profile=args.profile, progress=progress)
+    if not model.has_chat_template:
+        raise EdgespecError(f"{model.name}'s tokenizer has no chat template; edgespec chat needs an instruct/chat "
+                            "model (or use edgespec generate with a raw prompt)")
+    return model
 
 
 def add_serve_parser(sub) -> None:

@@ -5,5 +5,6 @@ Escape stops the answer, Ctrl+N starts a new chat, F2/Ctrl+T toggles colouring b
 F3/Ctrl+S toggles speculation (the A/B behind "speedup vs plain"), F4 opens the settings, Ctrl+Q quits.
 
 `tui` imports `edgespec`, never the reverse: the CLI imports this package lazily inside `cmd_chat`.
-Nothing here loads models; the app gets a `ChatSession` from a factory it is given.
+Nothing here loads models; the app gets an `edgespec.api.Model` from a factory it is given and talks to it
+through the Python API alone (`Model.chat`).
 """

@@ -1,25 +1,27 @@
 """`ChatApp`: the Textual app behind `edgespec chat`.
 
-It builds its `ChatSession` through a factory run on its model thread (the screen and the input are up at
-once; progress lines show while models load), holds the conversation (a `ChatRecord`, saved after every
-message and, throttled, while an answer streams), runs each answer on the same model thread, which drives
-`ChatSession.reply` and posts `ReplyChunk`/`ReplyDone`/`ReplyFailed` messages, and touches widgets only in
+It gets its model, an `edgespec.api.Model`, from a factory run on its model thread (the screen and the input
+are up at once; progress lines show while models load), holds the conversation (a `ChatRecord`, saved after
+every message and, throttled, while an answer streams), runs each answer on the same model thread, which
+streams `Model.chat` and posts `ReplyChunk`/`ReplyDone`/`ReplyFailed` messages, and touches widgets only in
 the handlers of those messages, on the UI thread.
 
 One long-lived model thread (not a Textual worker per answer) so that, with `ui_nice`, the UI thread can run
 at a lower scheduling priority than everything that generates: the model thread and the inference threads
 ONNX Runtime starts from it keep the priority they were created with. On a 2-core machine a redraw that
 preempts one of the two inference threads stalls the whole step; at a lower priority the UI draws in the
-gaps instead (Linux only: there the nice value is per thread). Escape sets the turn's cancel event; the session ends
+gaps instead (Linux only: there the nice value is per thread). Escape sets the turn's cancel event; the model ends
 the stream after the current round and the partial answer stays, marked "[stopped]".
 
-It does not load models itself, parse command lines, or know the engine: everything it needs from edgespec
-is `ChatSession.reply`, `Settings`, the two descriptions and `EdgespecError`. `edgespec.session` (and with
-it torch) is imported only when the first turn starts, so start-up stays fast.
+It does not load models itself, parse command lines, or know the engine: everything it needs from edgespec is
+the Python API's `Model.chat(messages, system=, stream=True, cancel=, **sampling settings)` (chunks of text
+pieces tagged by origin, with the turn's metrics), `Model.description` and `EdgespecError`. Nothing of
+edgespec but its errors is imported here, so start-up stays fast.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import sys
@@ -56,8 +58,16 @@ DEFAULT_SETTINGS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "max_new_token
                     "speculation": True, "seed": None}
 STOPPED = "[stopped]"
 
-SessionFactory = Callable[[Callable[[str], None]], object]
-"""factory(progress) -> ChatSession; progress(line) may be called from the factory's thread."""
+ModelFactory = Callable[[Callable[[str], None]], object]
+"""factory(progress) -> edgespec.api.Model; progress(line) may be called from the factory's thread."""
+
+
+def request_settings(values: dict) -> dict:
+    """The app's settings (`DEFAULT_SETTINGS`' names, as the dialog and --max-new-tokens say them) as the keyword
+    arguments of `edgespec.api.Model.chat`."""
+    request = dict(values)
+    request["max_tokens"] = request.pop("max_new_tokens")
+    return request
 
 
 @dataclass
@@ -67,7 +77,7 @@ class Turn:
     record: ChatRecord
     index: int  # of the assistant message in record.messages
     view: AssistantMessage
-    settings: object
+    settings: dict  # Model.chat's keyword arguments for this turn (`request_settings`)
     cancel: threading.Event = field(default_factory=threading.Event)
     drawn: threading.Event = field(default_factory=threading.Event)  # the last chunk posted is on screen
     shown: bool = True  # False once the user started a new chat: keep saving, stop drawing
@@ -75,7 +85,7 @@ class Turn:
 
 
 class ModelThread:
-    """A daemon thread that runs jobs (loading the session, then each answer) one after another.
+    """A daemon thread that runs jobs (loading the model, then each answer) one after another.
 
     Not a `ThreadPoolExecutor(max_workers=1)`: its worker is not a daemon and is joined at exit, so quitting
     during a first-run download and conversion would wait minutes for it to finish."""
@@ -115,13 +125,13 @@ class Progress(Message):
         self.line = line
 
 
-class SessionReady(Message):
-    def __init__(self, session):
+class ModelReady(Message):
+    def __init__(self, model):
         super().__init__()
-        self.session = session
+        self.model = model
 
 
-class SessionFailed(Message):
+class ModelFailed(Message):
     def __init__(self, error: str):
         super().__init__()
         self.error = error
@@ -158,7 +168,7 @@ class ChatApp(App[None]):
         Binding("f4,ctrl+comma", "settings", "Settings", priority=True),
     ]
 
-    def __init__(self, factory: SessionFactory, *, settings: dict | None = None, system: str | None = None,
+    def __init__(self, factory: ModelFactory, *, settings: dict | None = None, system: str | None = None,
                  record: ChatRecord | None = None, warning: str | None = None, colour_origin: bool = True,
                  stream_interval: float = 0.1, save_interval: float = 0.5, ui_nice: int = 0,
                  status_interval: float = 0.25):
@@ -166,7 +176,7 @@ class ChatApp(App[None]):
         self.ui_nice = ui_nice
         self._model_thread: ModelThread | None = None
         self.factory = factory
-        self.session = None
+        self.model = None  # an edgespec.api.Model once the factory returned it
         self.settings_values = {**DEFAULT_SETTINGS, **(settings or {})}
         self.system = system if system is not None else (record.system if record else None)
         self.record = record if record is not None else ChatRecord.new(self.system)
@@ -219,7 +229,7 @@ class ChatApp(App[None]):
         self._refresh_status()
         # The model thread starts (and so keeps) this thread's priority; only then is the UI lowered.
         self._model_thread = ModelThread()
-        self._model_thread.submit(self._load_session)
+        self._model_thread.submit(self._load_model)
         lower_thread_priority(self.ui_nice)
 
     def on_unmount(self) -> None:
@@ -228,32 +238,31 @@ class ChatApp(App[None]):
         if self._model_thread is not None:
             self._model_thread.close()
 
-    def _load_session(self) -> None:
+    def _load_model(self) -> None:
         """On the model thread."""
         try:
-            session = self.factory(lambda line: self.post_message(Progress(line)))
+            model = self.factory(lambda line: self.post_message(Progress(line)))
         except EdgespecError as err:
-            self.post_message(SessionFailed(str(err)))
+            self.post_message(ModelFailed(str(err)))
             return
         except Exception as err:  # noqa: BLE001 - show it, don't lose it on a thread nobody joins
-            self.post_message(SessionFailed(f"{type(err).__name__}: {err}"))
+            self.post_message(ModelFailed(f"{type(err).__name__}: {err}"))
             return
-        self.post_message(SessionReady(session))
+        self.post_message(ModelReady(model))
 
     def on_progress(self, message: Progress) -> None:
         for view in self.query(LoadingView):
             view.add_line(message.line)
 
-    def on_session_failed(self, message: SessionFailed) -> None:
+    def on_model_failed(self, message: ModelFailed) -> None:
         for view in self.query(LoadingView):
             view.query_one("#loading-title", Static).update(f"Could not start: {message.error}")
         self.exit(return_code=2, message=f"edgespec: error: {message.error}")
 
-    async def on_session_ready(self, message: SessionReady) -> None:
-        self.session = message.session
-        self.record.target = self.session.target_description
-        self.record.draft = self.session.draft_description
-        self._plain_tps = load_plain_speed(self.session.target_description)
+    async def on_model_ready(self, message: ModelReady) -> None:
+        self.model = message.model
+        self.record.target, self.record.draft = self._descriptions()
+        self._plain_tps = load_plain_speed(self.record.target)
         await self.query(LoadingView).remove()
         self._refresh_status()
         if self._queued:
@@ -276,16 +285,14 @@ class ChatApp(App[None]):
         self.record.messages.append({"role": "user", "content": text})
         self._save(self.record, durable=True)
         await self.query_one("#conversation").mount(UserMessage(text))
-        if self.session is None or self._turn is not None:
+        if self.model is None or self._turn is not None:
             self._queued = True
             self._refresh_status()
             return
         await self._start_turn()
 
     async def _start_turn(self) -> None:
-        from edgespec.session import Settings
-
-        settings = Settings(**self.settings_values)
+        settings = request_settings(self.settings_values)
         messages = self.record.model_messages()
         view = AssistantMessage(colour=self.colour)
         self.record.messages.append({"role": "assistant", "content": "", "pieces": [], "streaming": True})
@@ -297,7 +304,7 @@ class ChatApp(App[None]):
         self._model_thread.submit(lambda: self._generate(turn, messages))
 
     def _generate(self, turn: Turn, messages: list[dict]) -> None:
-        """Drive the session on the model thread; post what it says at most every `stream_interval` seconds."""
+        """Stream the model's answer on the model thread; post it at most every `stream_interval` seconds."""
         pending: list = []
         stats = None
         reason = None
@@ -305,24 +312,27 @@ class ChatApp(App[None]):
         last_post = time.monotonic()
         turn.drawn.set()
         try:
-            for chunk in self.session.reply(messages, turn.settings, system=self.system, cancel=turn.cancel):
-                for notice in chunk.metrics.notices[notices:]:  # e.g. the drafter failed: said once
-                    self.notify(notice, title="speculation stopped", severity="warning", timeout=15)  # thread-safe
-                notices = len(chunk.metrics.notices)
-                pending.extend(chunk.pieces)
-                stats = TurnStats.from_chunk(chunk, turn.settings.speculation)
-                reason = chunk.stop_reason
-                if reason is None and turn.cancel.is_set():
-                    reason = "cancelled"  # a session that ignores the event still stops here
-                if reason is not None:
-                    break
-                now = time.monotonic()
-                # Back-pressure: while the screen has not drawn the last chunk, keep collecting, so a slow
-                # redraw (a long Markdown answer) means fewer, larger updates rather than a growing queue.
-                if now - last_post >= self.stream_interval and turn.drawn.is_set():
-                    turn.drawn.clear()
-                    self.post_message(ReplyChunk(turn, pending, stats))
-                    pending, last_post = [], now
+            # closing: the device is handed on even if this loop ends early (a bug, or a model that ignored cancel)
+            answer = self.model.chat(messages, system=self.system, stream=True, cancel=turn.cancel, **turn.settings)
+            with contextlib.closing(answer):
+                for chunk in answer:
+                    for notice in chunk.metrics.notices[notices:]:  # e.g. the drafter failed: said once
+                        self.notify(notice, title="speculation stopped", severity="warning", timeout=15)  # thread-safe
+                    notices = len(chunk.metrics.notices)
+                    pending.extend(chunk.pieces)
+                    stats = TurnStats.from_chunk(chunk, turn.settings["speculation"])
+                    reason = chunk.stop_reason
+                    if reason is None and turn.cancel.is_set():
+                        reason = "cancelled"  # a model that ignores the event still stops here
+                    if reason is not None:
+                        break
+                    now = time.monotonic()
+                    # Back-pressure: while the screen has not drawn the last chunk, keep collecting, so a slow
+                    # redraw (a long Markdown answer) means fewer, larger updates rather than a growing queue.
+                    if now - last_post >= self.stream_interval and turn.drawn.is_set():
+                        turn.drawn.clear()
+                        self.post_message(ReplyChunk(turn, pending, stats))
+                        pending, last_post = [], now
         except EdgespecError as err:
             self.post_message(ReplyFailed(turn, pending, stats, str(err)))
             return
@@ -379,18 +389,23 @@ class ChatApp(App[None]):
                 turn.view.add_class("failed")
         stats = message.stats
         if (stats is not None and not stats.speculation and stats.decode_tokens_per_s > 0
-                and self.session is not None):
+                and self.model is not None):
             self._plain_tps = stats.decode_tokens_per_s
             try:
-                save_plain_speed(self.session.target_description, stats.decode_tokens_per_s)
+                save_plain_speed(self._descriptions()[0], stats.decode_tokens_per_s)
             except OSError:
                 pass  # only a convenience for the next session; this one keeps the value in memory
         if self._turn is turn:
             self._turn = None
         self._refresh_status()
-        if self._queued and self._turn is None and self.session is not None:
+        if self._queued and self._turn is None and self.model is not None:
             self._queued = False
             await self._start_turn()
+
+    def _descriptions(self) -> tuple[str, str | None]:
+        """The model's target and draft, as the status bar and the saved chat name them."""
+        description = self.model.description
+        return description["target"], description["draft"]
 
     def _save(self, record: ChatRecord, *, durable: bool = False) -> None:
         """Save, or say once per chat why not: a full disk must not take the conversation down with it."""
@@ -422,9 +437,8 @@ class ChatApp(App[None]):
             self._turn.shown = False
         self._queued = False  # a prompt still waiting stays, unanswered, in the chat it was sent to
         self.record = ChatRecord.new(self.system)
-        if self.session is not None:
-            self.record.target = self.session.target_description
-            self.record.draft = self.session.draft_description
+        if self.model is not None:
+            self.record.target, self.record.draft = self._descriptions()
         conversation = self.query_one("#conversation")
         await conversation.query(".message, .notice").remove()
         self._stats = None
@@ -463,9 +477,9 @@ class ChatApp(App[None]):
         if stoppable != self._stoppable:  # the footer recomposes on refresh_bindings: not once per chunk
             self._stoppable = stoppable
             self.refresh_bindings()
-        s = self.session
+        target, draft = self._descriptions() if self.model is not None else (None, None)
         # The status bar has a fixed height: redraw it without a layout pass of the whole screen.
         self.query_one("#status", Static).update(format_status(
-            target=s.target_description if s else None, draft=s.draft_description if s else None,
+            target=target, draft=draft,
             speculation=self.settings_values["speculation"], k_setting=self.settings_values["k"],
             stats=self._stats, plain_tps=self._plain_tps, colour=self.colour, state=self._state()), layout=False)

@@ -1,6 +1,6 @@
-"""A scripted stand-in for `ChatSession` with fixed text and fixed metrics, for screenshots and snapshots.
+"""A scripted stand-in for `edgespec.api.Model` with fixed text and fixed metrics, for screenshots and snapshots.
 
-`ScriptedSession.reply` replays one canned answer in rounds of "accepted drafts, then one target token",
+`ScriptedModel.chat` replays one canned answer in rounds of "accepted drafts, then one target token",
 with metrics computed from made-up but fixed timings, so a screenshot of the app is the same on every
 machine. It runs no model and is not a benchmark: nothing it reports was measured.
 """
@@ -31,24 +31,26 @@ def demo_tokens(text: str = DEMO_ANSWER) -> list[str]:
     return re.findall(r" ?[A-Za-z']+| ?[^A-Za-z' ]", text)
 
 
-class ScriptedSession:
-    """Duck-types `ChatSession`: `reply(messages, settings, system=, cancel=)` and the two descriptions."""
+class ScriptedModel:
+    """Duck-types what the chat app uses of `edgespec.api.Model`: `chat(messages, system=, stream=True, cancel=,
+    **settings)` and `description`."""
 
-    target_description = "SmolLM2-360M-Instruct (cpu, fp32)"
-    draft_description = "SmolLM2-135M-Instruct (cpu, fp32)"
+    description = {"target": "SmolLM2-360M-Instruct (cpu, fp32)", "draft": "SmolLM2-135M-Instruct (cpu, fp32)"}
 
     def __init__(self, answer: str = DEMO_ANSWER, *, delay_s: float = 0.0):
         self.answers = {PLAIN_PROMPT: PLAIN_ANSWER}  # any other prompt gets `answer`
         self.answer = answer
         self.delay_s = delay_s
 
-    def reply(self, messages, settings, *, system=None, cancel: threading.Event | None = None):
+    def chat(self, messages, *, system=None, stream: bool = False, cancel: threading.Event | None = None,
+             speculation: bool = True, **settings):
+        assert stream, "the app streams its answers"
         from edgespec.engine import Step
-        from edgespec.session import DRAFT, TARGET, Chunk
+        from edgespec.api import DRAFT, TARGET, Chunk
 
         tokens = demo_tokens(self.answers.get(messages[-1]["content"], self.answer))
         metrics = SpecMetrics()
-        k = 4 if settings.speculation else 0
+        k = 4 if speculation else 0
         i = 0
         r = 0
         elapsed = 0.030  # a fixed 30 ms prefill
@@ -74,9 +76,9 @@ class ScriptedSession:
                 time.sleep(self.delay_s)
 
 
-def demo_factory(progress) -> ScriptedSession:
+def demo_factory(progress) -> ScriptedModel:
     progress("demo: no models loaded, the answer is scripted")
-    return ScriptedSession()
+    return ScriptedModel()
 
 
 async def play_demo(pilot, timeout: float = 30.0) -> None:
@@ -95,7 +97,7 @@ async def play_demo(pilot, timeout: float = 30.0) -> None:
 
     prompt = app.query_one(PromptInput)
     prompt.cursor_blink = False
-    await until(lambda: app.session is not None and not app.query("#loading"))
+    await until(lambda: app.model is not None and not app.query("#loading"))
     for text, speculation in DEMO_TURNS:
         if app.settings_values["speculation"] != speculation:
             await pilot.press("f3")

@@ -1,4 +1,4 @@
-"""Fakes and helpers for the TUI tests: a session whose token stream is gated by the test, and wait_until.
+"""Fakes and helpers for the TUI tests: a model whose token stream is gated by the test, and wait_until.
 
 A plain module, not conftest.py: tests/conftest.py exists too, and `from conftest import` would be ambiguous.
 """
@@ -8,23 +8,26 @@ from __future__ import annotations
 import threading
 import time
 
+from edgespec.api import DRAFT, TARGET, Chunk, Model
 from edgespec.errors import EdgespecError
 from edgespec.metrics import SpecMetrics
-from edgespec.session import DRAFT, TARGET, Chunk
 
 # Seconds a test waits for something that should happen at once before it calls it hung. Only a broken test ever
 # waits this long, so it is generous: four test runs on two cores can stall a thread for seconds.
 CAP = 120.0
 
 
-class GatedSession:
-    """Duck-types `ChatSession`. Each turn replays `script` (a list of chunks, each a list of (text, origin)),
-    waiting before every chunk until the test calls `release()`; with `gated=False` it never waits.
-    Like the real session it honours `cancel` after the current round, ending with a "cancelled" chunk.
-    `fail_after=n` raises EdgespecError after n chunks (once)."""
+class GatedModel:
+    """Duck-types what the app uses of `edgespec.api.Model`: `chat(messages, system=, stream=True, cancel=,
+    **settings)` and `description`. The settings go through the real `Model.request` (so the app must send what
+    the API takes, and a bad value is the API's RequestError); `calls` records each turn's validated `Settings`.
+    Each turn replays `script` (a list of chunks, each a list of (text, origin)), waiting before every chunk until
+    the test calls `release()`; with `gated=False` it never waits. Like the real model it honours `cancel` after
+    the current round, ending with a "cancelled" chunk. `fail_after=n` raises EdgespecError after n chunks (once)."""
 
-    target_description = "fake-target"
-    draft_description = "fake-draft"
+    description = {"target": "fake-target", "draft": "fake-draft"}
+    temperature = 0.0  # the defaults `Model.request` fills in (as `load`'s)
+    k = "auto"
 
     def __init__(self, script=None, *, gated: bool = True, fail_after: int | None = None):
         self.script = script or [[("Hello", DRAFT), (" there", TARGET)], [(", world", DRAFT)], [("!", TARGET)]]
@@ -46,11 +49,16 @@ class GatedSession:
             if cancel is not None and cancel.is_set():
                 return False
             if time.monotonic() > deadline:
-                raise RuntimeError("GatedSession: the test never released the next chunk")
+                raise RuntimeError("GatedModel: the test never released the next chunk")
         return True
 
-    def reply(self, messages, settings, *, system=None, cancel=None):
+    def chat(self, messages, *, system=None, stream=False, cancel=None, **settings):
+        assert stream, "the app streams its answers"
+        settings = Model.request(self, **settings).settings  # the API's own validation
         self.calls.append({"messages": [dict(m) for m in messages], "settings": settings, "system": system})
+        return self._answer(settings, cancel)
+
+    def _answer(self, settings, cancel):
         metrics = SpecMetrics()
         metrics.wall_s = 1.0 if settings.speculation else 2.0  # "speculation doubles the speed"
         for i, pieces in enumerate(self.script):
@@ -69,10 +77,10 @@ class GatedSession:
                 return
 
 
-def fixed_factory(session):
+def fixed_factory(model):
     def factory(progress):
         progress("fake: loading")
-        return session
+        return model
     return factory
 
 

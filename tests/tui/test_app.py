@@ -1,11 +1,11 @@
-"""The chat app driven through Pilot with a fake session whose stream the test releases chunk by chunk."""
+"""The chat app driven through Pilot with a fake model whose stream the test releases chunk by chunk."""
 
 from __future__ import annotations
 
 import shutil
 
 import pytest
-from fakes import CAP, GatedSession, fixed_factory, wait_until
+from fakes import CAP, GatedModel, fixed_factory, wait_until
 from textual.widgets import Input, Static
 
 from edgespec.errors import EdgespecError
@@ -16,8 +16,8 @@ from tui.widgets import AssistantMessage, LoadingView, PromptInput, UserMessage
 pytestmark = pytest.mark.asyncio
 
 
-def make_app(session, **kwargs) -> ChatApp:
-    return ChatApp(fixed_factory(session), stream_interval=0, **kwargs)
+def make_app(model, **kwargs) -> ChatApp:
+    return ChatApp(fixed_factory(model), stream_interval=0, **kwargs)
 
 
 def answers(app) -> list[AssistantMessage]:
@@ -29,7 +29,7 @@ def status(app) -> str:
 
 
 async def ready(pilot) -> None:
-    await wait_until(pilot, lambda: pilot.app.session is not None and not pilot.app.query(LoadingView), what="session")
+    await wait_until(pilot, lambda: pilot.app.model is not None and not pilot.app.query(LoadingView), what="model")
 
 
 async def send(pilot, text: str) -> None:
@@ -37,15 +37,15 @@ async def send(pilot, text: str) -> None:
     await pilot.press("enter")
 
 
-async def first_chunk_shown(pilot, session: GatedSession, text: str) -> None:
-    """Send `text` to a gated session, let its first chunk through and wait until it is on screen."""
+async def first_chunk_shown(pilot, model: GatedModel, text: str) -> None:
+    """Send `text` to a gated model, let its first chunk through and wait until it is on screen."""
     await send(pilot, text)
-    session.release()
+    model.release()
     await wait_until(pilot, lambda: answers(pilot.app) and answers(pilot.app)[0].text == "Hello there")
 
 
 async def turn(pilot, text: str) -> AssistantMessage:
-    """Send `text` to an ungated session and wait for the whole answer."""
+    """Send `text` to an ungated model and wait for the whole answer."""
     n = len(answers(pilot.app))
     await send(pilot, text)
     await wait_until(pilot, lambda: len(answers(pilot.app)) == n + 1 and not pilot.app.generating, what="answer")
@@ -53,8 +53,8 @@ async def turn(pilot, text: str) -> AssistantMessage:
 
 
 async def test_streaming_appears_in_order():
-    session = GatedSession()
-    app = make_app(session, system="be brief")
+    model = GatedModel()
+    app = make_app(model, system="be brief")
     async with app.run_test() as pilot:
         await ready(pilot)
         await send(pilot, "hi")
@@ -64,24 +64,24 @@ async def test_streaming_appears_in_order():
         assert app.query_one(PromptInput).text == ""
         seen = []
         for expected in ["Hello there", "Hello there, world", "Hello there, world!"]:
-            session.release()
+            model.release()
             await wait_until(pilot, lambda expected=expected: view.text == expected, what=expected)
             seen.append(view.text)
         await wait_until(pilot, lambda: not app.generating)
         assert view.marker == ""
         assert view.runs == [["Hello", "draft"], [" there", "target"], [", world", "draft"], ["!", "target"]]
-        assert session.calls[0]["messages"] == [{"role": "user", "content": "hi"}]
-        assert session.calls[0]["system"] == "be brief"
+        assert model.calls[0]["messages"] == [{"role": "user", "content": "hi"}]
+        assert model.calls[0]["system"] == "be brief"
         assert app.record.messages[-1]["content"] == "Hello there, world!"
         assert "K 4" in status(app) and "tok/s" in status(app)
 
 
 async def test_escape_cancels_and_keeps_the_partial_answer():
-    session = GatedSession()
-    app = make_app(session)
+    model = GatedModel()
+    app = make_app(model)
     async with app.run_test() as pilot:
         await ready(pilot)
-        await first_chunk_shown(pilot, session, "hi")
+        await first_chunk_shown(pilot, model, "hi")
         await pilot.press("escape")
         await wait_until(pilot, lambda: not app.generating, what="the turn to stop")
         view = answers(app)[0]
@@ -90,10 +90,10 @@ async def test_escape_cancels_and_keeps_the_partial_answer():
         assert app.record.messages[-1] == {"role": "assistant", "content": "Hello there", "stopped": True,
                                            "pieces": [["Hello", "draft"], [" there", "target"]]}
 
-        session.gated = False
+        model.gated = False
         second = await turn(pilot, "again")
         assert second.text == "Hello there, world!" and second.marker == ""
-        assert session.calls[1]["messages"] == [
+        assert model.calls[1]["messages"] == [
             {"role": "user", "content": "hi"},
             {"role": "assistant", "content": "Hello there"},
             {"role": "user", "content": "again"},
@@ -101,8 +101,8 @@ async def test_escape_cancels_and_keeps_the_partial_answer():
 
 
 async def test_sending_while_streaming_is_refused_and_the_text_kept():
-    session = GatedSession()
-    app = make_app(session)
+    model = GatedModel()
+    app = make_app(model)
     notes = []
     app.notify = lambda message, **kwargs: notes.append((message, kwargs.get("severity")))
     async with app.run_test() as pilot:
@@ -116,36 +116,36 @@ async def test_sending_while_streaming_is_refused_and_the_text_kept():
         assert app.query_one(PromptInput).text == "two"
         assert [m.text for m in app.query(UserMessage)] == ["one"]
         assert [m["content"] for m in app.record.messages if m["role"] == "user"] == ["one"]
-        session.release(3)
+        model.release(3)
         await wait_until(pilot, lambda: not app.generating)
         await pilot.pause()
-        assert len(session.calls) == 1 and not app.generating
+        assert len(model.calls) == 1 and not app.generating
         assert [m["role"] for m in app.record.messages] == ["user", "assistant"]
         assert app.query_one(PromptInput).text == "two"
 
 
 async def test_toggling_speculation_changes_the_next_settings_and_measures_the_speedup():
-    session = GatedSession(gated=False)
-    app = make_app(session)
+    model = GatedModel(gated=False)
+    app = make_app(model)
     async with app.run_test() as pilot:
         await ready(pilot)
         await turn(pilot, "a")
-        assert session.calls[-1]["settings"].speculation is True
+        assert model.calls[-1]["settings"].speculation is True
         assert "speedup —" in status(app)
         await pilot.press("f3")
         assert "speculation off" in status(app)
         await turn(pilot, "b")
-        assert session.calls[-1]["settings"].speculation is False
+        assert model.calls[-1]["settings"].speculation is False
         await pilot.press("ctrl+s")
         await turn(pilot, "c")
-        assert session.calls[-1]["settings"].speculation is True
+        assert model.calls[-1]["settings"].speculation is True
         # the fake takes 1 s with speculation and 2 s without for the same tokens
         assert "speedup ×2.00 vs plain" in status(app)
 
 
 async def test_ctrl_n_starts_a_new_chat():
-    session = GatedSession(gated=False)
-    app = make_app(session)
+    model = GatedModel(gated=False)
+    app = make_app(model)
     async with app.run_test() as pilot:
         await ready(pilot)
         await turn(pilot, "first")
@@ -154,15 +154,15 @@ async def test_ctrl_n_starts_a_new_chat():
         await wait_until(pilot, lambda: not app.query(".message"))
         assert app.record.id != old_id and app.record.messages == []
         await turn(pilot, "second")
-        assert session.calls[-1]["messages"] == [{"role": "user", "content": "second"}]
+        assert model.calls[-1]["messages"] == [{"role": "user", "content": "second"}]
 
 
 async def test_ctrl_n_while_streaming_cancels_and_the_old_chat_keeps_its_partial_answer():
-    session = GatedSession()
-    app = make_app(session)
+    model = GatedModel()
+    app = make_app(model)
     async with app.run_test() as pilot:
         await ready(pilot)
-        await first_chunk_shown(pilot, session, "first")
+        await first_chunk_shown(pilot, model, "first")
         old = app.record
         await pilot.press("ctrl+n")
         await wait_until(pilot, lambda: not app.generating)
@@ -171,8 +171,8 @@ async def test_ctrl_n_while_streaming_cancels_and_the_old_chat_keeps_its_partial
 
 
 async def test_settings_apply_to_the_next_turn():
-    session = GatedSession(gated=False)
-    app = make_app(session)
+    model = GatedModel(gated=False)
+    app = make_app(model)
     async with app.run_test() as pilot:
         await ready(pilot)
         await pilot.press("f4")
@@ -183,7 +183,7 @@ async def test_settings_apply_to_the_next_turn():
         await pilot.click("#settings-apply")
         await wait_until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
         await turn(pilot, "hi")
-        s = session.calls[-1]["settings"]
+        s = model.calls[-1]["settings"]
         assert (s.temperature, s.top_p, s.max_new_tokens, s.k) == (0.8, 0.9, 64, 6)
 
 
@@ -192,8 +192,8 @@ async def test_settings_apply_to_the_next_turn():
     ("top_p", "0", "top-p"), ("max_new_tokens", "1.5", "whole number"),
 ])
 async def test_invalid_settings_are_rejected(name, value, message):
-    session = GatedSession(gated=False)
-    app = make_app(session)
+    model = GatedModel(gated=False)
+    app = make_app(model)
     async with app.run_test() as pilot:
         await ready(pilot)
         await pilot.press("f4")
@@ -207,13 +207,13 @@ async def test_invalid_settings_are_rejected(name, value, message):
         await pilot.press("escape")
         await wait_until(pilot, lambda: not isinstance(app.screen, SettingsScreen))
         await turn(pilot, "hi")
-        s = session.calls[-1]["settings"]
+        s = model.calls[-1]["settings"]
         assert (s.temperature, s.top_p, s.max_new_tokens, s.k) == (0.0, 1.0, 512, "auto")
 
 
 async def test_an_error_mid_answer_is_shown_and_the_app_stays_usable():
-    session = GatedSession(gated=False, fail_after=1)
-    app = make_app(session)
+    model = GatedModel(gated=False, fail_after=1)
+    app = make_app(model)
     async with app.run_test() as pilot:
         await ready(pilot)
         failed = await turn(pilot, "hi")
@@ -224,15 +224,14 @@ async def test_an_error_mid_answer_is_shown_and_the_app_stays_usable():
         assert ok.text == "Hello there, world!" and ok.marker == ""
 
 
-async def test_a_bug_in_the_session_is_shown_not_lost_with_the_thread():
+async def test_a_bug_in_the_model_is_shown_not_lost_with_the_thread():
     """An unexpected exception (not an EdgespecError) on the model thread ends the answer with its message."""
 
-    class Broken(GatedSession):
-        def reply(self, messages, settings, *, system=None, cancel=None):
-            if not self.calls:
-                self.calls.append({})
+    class Broken(GatedModel):
+        def _answer(self, settings, cancel):
+            if len(self.calls) == 1:
                 raise KeyError("boom")
-            yield from super().reply(messages, settings, system=system, cancel=cancel)
+            yield from super()._answer(settings, cancel)
 
     app = make_app(Broken(gated=False))
     async with app.run_test() as pilot:
@@ -241,6 +240,44 @@ async def test_a_bug_in_the_session_is_shown_not_lost_with_the_thread():
         assert failed.marker == "[error] KeyError: 'boom'"
         ok = await turn(pilot, "again")
         assert ok.text == "Hello there, world!"
+
+
+async def test_a_value_the_api_refuses_is_its_one_line_error_in_the_chat():
+    """The settings reach `Model.chat` as its keyword arguments: a value the API's validation refuses (the dialog
+    lets a seed past the API's range through: set here directly) ends the turn with the API's message."""
+    model = GatedModel(gated=False)
+    app = make_app(model, settings={"seed": -1})
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        failed = await turn(pilot, "hi")
+        assert failed.marker.startswith("[error] seed=-1 is out of range") and failed.text == ""
+        app.settings_values["seed"] = 7
+        ok = await turn(pilot, "again")
+        assert ok.text == "Hello there, world!" and model.calls[-1]["settings"].seed == 7
+
+
+async def test_a_stream_that_ignores_cancel_is_closed_when_the_app_stops_reading():
+    """The app stops reading at the first chunk after Escape even if the model goes on, and closes the stream
+    (for `edgespec.api.Stream`: the device is handed on at once)."""
+    closed = []
+
+    class Deaf(GatedModel):
+        def _answer(self, settings, cancel):
+            try:
+                yield from super()._answer(settings, None)  # never sees the cancel event
+            finally:
+                closed.append(True)
+
+    model = Deaf()
+    app = make_app(model)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await first_chunk_shown(pilot, model, "hi")
+        await pilot.press("escape")
+        model.release()
+        await wait_until(pilot, lambda: not app.generating)
+        assert closed == [True]
+        assert answers(app)[0].marker == "[stopped]" and answers(app)[0].text == "Hello there, world"
 
 
 async def test_the_model_thread_keeps_its_priority_when_the_ui_lowers_its_own():
@@ -309,7 +346,7 @@ async def test_the_loading_view_wraps_long_lines_and_redraws_a_bar_in_place():
             progress(BarLine(f"downloading model.gguf: {done:3d}% {done}M/100MB", key=7))
         progress("ready")
         assert go.wait(CAP)
-        return GatedSession(gated=False)
+        return GatedModel(gated=False)
 
     app = ChatApp(factory, stream_interval=0)
     async with app.run_test(size=(60, 30)) as pilot:
@@ -329,12 +366,12 @@ async def test_loading_progress_is_shown_and_a_prompt_sent_early_waits_for_the_m
     import threading
 
     go = threading.Event()
-    session = GatedSession(gated=False)
+    model = GatedModel(gated=False)
 
     def factory(progress):
         progress("fetching the draft")
         assert go.wait(CAP)
-        return session
+        return model
 
     app = ChatApp(factory, stream_interval=0)
     async with app.run_test() as pilot:
@@ -346,12 +383,12 @@ async def test_loading_progress_is_shown_and_a_prompt_sent_early_waits_for_the_m
         go.set()
         await wait_until(pilot, lambda: answers(app) and not app.generating and not app.query(LoadingView))
         assert answers(app)[0].text == "Hello there, world!"
-        assert session.calls[0]["messages"] == [{"role": "user", "content": "early"}]
+        assert model.calls[0]["messages"] == [{"role": "user", "content": "early"}]
 
 
 async def test_up_and_down_walk_earlier_prompts():
-    session = GatedSession(gated=False)
-    app = make_app(session)
+    model = GatedModel(gated=False)
+    app = make_app(model)
     async with app.run_test() as pilot:
         await ready(pilot)
         await turn(pilot, "first")
@@ -369,21 +406,21 @@ async def test_up_and_down_walk_earlier_prompts():
 
 
 async def test_shift_enter_adds_a_line_instead_of_sending():
-    session = GatedSession(gated=False)
-    app = make_app(session)
+    model = GatedModel(gated=False)
+    app = make_app(model)
     async with app.run_test() as pilot:
         await ready(pilot)
         await pilot.press("a", "shift+enter", "b")
         assert app.query_one(PromptInput).text == "a\nb"
-        assert not session.calls
+        assert not model.calls
         await pilot.press("enter")
-        await wait_until(pilot, lambda: session.calls)
-        assert session.calls[0]["messages"][0]["content"] == "a\nb"
+        await wait_until(pilot, lambda: model.calls)
+        assert model.calls[0]["messages"][0]["content"] == "a\nb"
 
 
 async def test_colour_toggle_switches_between_origin_colours_and_markdown():
-    session = GatedSession([[("**bold**", "draft")], [(" text", "target")]], gated=False)
-    app = make_app(session)
+    model = GatedModel([[("**bold**", "draft")], [(" text", "target")]], gated=False)
+    app = make_app(model)
     async with app.run_test() as pilot:
         await ready(pilot)
         view = await turn(pilot, "hi")
@@ -397,27 +434,27 @@ async def test_colour_toggle_switches_between_origin_colours_and_markdown():
 
 
 async def test_with_colouring_off_the_answer_streams_as_markdown():
-    session = GatedSession([[("# Title\n\n", "draft")], [("some *text*", "target")], [(" more", "draft")]])
-    app = make_app(session, colour_origin=False)
+    model = GatedModel([[("# Title\n\n", "draft")], [("some *text*", "target")], [(" more", "draft")]])
+    app = make_app(model, colour_origin=False)
     async with app.run_test() as pilot:
         await ready(pilot)
         await send(pilot, "hi")
         await wait_until(pilot, lambda: answers(app))
         markdown = answers(app)[0].query_one(".markdown")
         assert markdown.display and not answers(app)[0].query_one(".coloured").display
-        session.release()
+        model.release()
         await wait_until(pilot, lambda: markdown.source == "# Title\n\n")
-        session.release()
+        model.release()
         await wait_until(pilot, lambda: markdown.source == "# Title\n\nsome *text*")
-        session.release()
+        model.release()
         await wait_until(pilot, lambda: not app.generating)
         assert markdown.source == "# Title\n\nsome *text* more"
         assert "■ draft" not in status(app)
 
 
 async def test_a_failing_save_does_not_stop_the_chat(data_dir_tmp):
-    session = GatedSession(gated=False)
-    app = make_app(session)
+    model = GatedModel(gated=False)
+    app = make_app(model)
     async with app.run_test() as pilot:
         await ready(pilot)
         shutil.rmtree(data_dir_tmp / "chats", ignore_errors=True)

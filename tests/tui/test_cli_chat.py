@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-import types
-
 import pytest
 
+import edgespec.api
 import tui.app
 from edgespec.cli import main
 from edgespec.errors import EdgespecError
@@ -22,13 +20,13 @@ def test_bad_options_are_one_line_errors(argv, message, capsys):
     assert err.startswith("edgespec: error: ") and message in err and "Traceback" not in err
 
 
-def test_a_failing_build_session_exits_2_with_the_message(monkeypatch, capfd):
-    def build_session(args, progress):
+def test_a_failing_load_exits_2_with_the_message(monkeypatch, capfd):
+    def load_spec(spec, *, k, temperature, p_min, profile, progress):
         progress("resolving pair")
-        assert args.k == "auto" and args.system is None and hasattr(args, "target_device")
+        assert k == "auto" and temperature == 0.0 and spec.target_device == "auto" and spec.pair is None
         raise EdgespecError("cannot download SmolLM2: no network; pass --target DIR")
 
-    monkeypatch.setitem(sys.modules, "edgespec.runtime", types.SimpleNamespace(build_session=build_session))
+    monkeypatch.setattr(edgespec.api, "load_spec", load_spec)
 
     class Headless(tui.app.ChatApp):
         def run(self, **kwargs):
@@ -38,4 +36,28 @@ def test_a_failing_build_session_exits_2_with_the_message(monkeypatch, capfd):
     assert main(["chat"]) == 2
     err = capfd.readouterr().err
     assert "edgespec: error: cannot download SmolLM2: no network; pass --target DIR" in err
+    assert "Traceback" not in err
+
+
+def test_a_model_without_a_chat_template_cannot_start_the_chat(tiny_checkpoints, tmp_path, monkeypatch, capfd):
+    """The check runs once the model is loaded (`Model.has_chat_template`), not at the first turn."""
+    import json
+    import shutil
+
+    plain = tmp_path / "plain"
+    shutil.copytree(tiny_checkpoints["target"], plain)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    for extra in plain.glob("chat_template.*"):
+        extra.unlink()
+
+    class Headless(tui.app.ChatApp):
+        def run(self, **kwargs):
+            return super().run(headless=True, **kwargs)
+
+    monkeypatch.setattr(tui.app, "ChatApp", Headless)
+    assert main(["chat", "--target", str(plain), "--target-backend", "torch", "--draft", "none"]) == 2
+    err = " ".join(capfd.readouterr().err.split())  # the app's exit message wraps at the terminal's width
+    assert "edgespec: error: plain's tokenizer has no chat template; edgespec chat needs an instruct/chat model" in err
     assert "Traceback" not in err

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
-from fakes import GatedSession, fixed_factory, wait_until
+from fakes import GatedModel, fixed_factory, wait_until
 
 import tui.app
 from edgespec.cli import main
@@ -58,20 +58,20 @@ def test_plain_speed_is_remembered_per_target():
 
 @pytest.mark.asyncio
 async def test_the_chat_is_saved_while_streaming_and_at_the_end():
-    session = GatedSession()
-    app = ChatApp(fixed_factory(session), stream_interval=0, save_interval=0)
+    model = GatedModel()
+    app = ChatApp(fixed_factory(model), stream_interval=0, save_interval=0)
     async with app.run_test() as pilot:
-        await wait_until(pilot, lambda: app.session is not None)
+        await wait_until(pilot, lambda: app.model is not None)
         app.query_one("#prompt").insert("hi")
         await pilot.press("enter")
         path = chats_dir() / f"{app.record.id}.json"
         await wait_until(pilot, lambda: path.exists())
         assert json.loads(path.read_text())["messages"] == [{"role": "user", "content": "hi"}]
-        session.release()
+        model.release()
         # mid-answer: what is on screen is already on disk, marked as streaming
         await wait_until(pilot, lambda: json.loads(path.read_text())["messages"][-1].get("content") == "Hello there")
         assert json.loads(path.read_text())["messages"][-1]["streaming"] is True
-        session.release(2)
+        model.release(2)
         await wait_until(pilot, lambda: not app.generating)
         saved = json.loads(path.read_text())
         assert saved["messages"][-1]["content"] == "Hello there, world!" and "streaming" not in saved["messages"][-1]
@@ -86,10 +86,10 @@ async def test_resume_shows_the_chat_and_continues_it():
                      {"role": "user", "content": "cut"},
                      {"role": "assistant", "content": "cut sho", "streaming": True, "pieces": [["cut sho", "target"]]}]
     save_chat(rec)
-    session = GatedSession(gated=False)
-    app = ChatApp(fixed_factory(session), record=load_chat(rec.id), stream_interval=0)
+    model = GatedModel(gated=False)
+    app = ChatApp(fixed_factory(model), record=load_chat(rec.id), stream_interval=0)
     async with app.run_test() as pilot:
-        await wait_until(pilot, lambda: app.session is not None)
+        await wait_until(pilot, lambda: app.model is not None)
         assert [m.text for m in app.query(UserMessage)] == ["old question", "cut"]
         views = list(app.query(AssistantMessage))
         assert [v.text for v in views] == ["old answer", "cut sho"]
@@ -98,9 +98,9 @@ async def test_resume_shows_the_chat_and_continues_it():
         app.query_one("#prompt").insert("new")
         await pilot.press("enter")
         await wait_until(pilot, lambda: len(app.query(AssistantMessage)) == 3 and not app.generating)
-        assert session.calls[0]["system"] == "be nice"
-        assert session.calls[0]["messages"][-1] == {"role": "user", "content": "new"}
-        assert len(session.calls[0]["messages"]) == 5
+        assert model.calls[0]["system"] == "be nice"
+        assert model.calls[0]["messages"][-1] == {"role": "user", "content": "new"}
+        assert len(model.calls[0]["messages"]) == 5
         await pilot.press("up")
         assert app.query_one("#prompt").text == "new"
     assert len(load_chat(rec.id).messages) == 6
@@ -250,10 +250,10 @@ async def test_a_corrupt_chat_gives_a_warning_and_is_never_overwritten(monkeypat
     assert built["record"] is None and "cannot be read" in built["warning"]
     monkeypatch.undo()
 
-    session = GatedSession(gated=False)
-    app = ChatApp(fixed_factory(session), record=built["record"], warning=built["warning"], stream_interval=0)
+    model = GatedModel(gated=False)
+    app = ChatApp(fixed_factory(model), record=built["record"], warning=built["warning"], stream_interval=0)
     async with app.run_test() as pilot:
-        await wait_until(pilot, lambda: app.session is not None)
+        await wait_until(pilot, lambda: app.model is not None)
         [notice] = app.query(Notice)
         assert notice.kind == "warning" and "left untouched" in notice.text
         app.query_one("#prompt").insert("hi")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from fakes import GatedSession, fixed_factory, wait_until
+from fakes import GatedModel, fixed_factory, wait_until
 from rich.text import Text
 
 from tui.app import ChatApp
@@ -70,10 +70,10 @@ def test_parse_settings_rejects_invalid_values(name, value):
 async def test_a_long_coloured_answer_is_drawn_in_blocks_that_keep_the_text():
     paragraph = "word " * 30 + "\n\n"
     script = [[(paragraph, "draft" if i % 2 else "target")] for i in range(12)]
-    session = GatedSession(script, gated=False)
-    app = ChatApp(fixed_factory(session), stream_interval=0)
+    model = GatedModel(script, gated=False)
+    app = ChatApp(fixed_factory(model), stream_interval=0)
     async with app.run_test() as pilot:
-        await wait_until(pilot, lambda: app.session is not None)
+        await wait_until(pilot, lambda: app.model is not None)
         app.query_one("#prompt").insert("hi")
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.query(AssistantMessage) and not app.generating)
@@ -93,17 +93,17 @@ async def test_a_streaming_tail_keeps_spare_lines_and_never_clips_then_fits_its_
     from tui.widgets import RESERVE_LINES
 
     words = [[("lorem ipsum dolor sit amet ", "draft" if i % 3 else "target")] for i in range(40)]
-    session = GatedSession(words)
-    app = ChatApp(fixed_factory(session), stream_interval=0)
+    model = GatedModel(words)
+    app = ChatApp(fixed_factory(model), stream_interval=0)
     async with app.run_test(size=(60, 40)) as pilot:
-        await wait_until(pilot, lambda: app.session is not None)
+        await wait_until(pilot, lambda: app.model is not None)
         app.query_one("#prompt").insert("hi")
         await pilot.press("enter")
         await wait_until(pilot, lambda: app.query(AssistantMessage))
         view = app.query_one(AssistantMessage)
         heights = set()
         for i in range(len(words) - 1):
-            session.release()
+            model.release()
             await wait_until(pilot, lambda i=i: len(view.text) == len(words[0][0][0]) * (i + 1))
             await pilot.pause()
             tail = view._tail_view
@@ -111,7 +111,7 @@ async def test_a_streaming_tail_keeps_spare_lines_and_never_clips_then_fits_its_
             assert lines <= tail.region.height <= lines + RESERVE_LINES + 1, (lines, tail.region.height)
             heights.add(tail.region.height)
         assert 1 < len(heights) < 40 // RESERVE_LINES  # grew in steps, not line by line
-        session.release()
+        model.release()
         await wait_until(pilot, lambda: not app.generating)
         await pilot.pause()
         tail = view._tail_view
