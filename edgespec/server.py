@@ -745,6 +745,10 @@ def serve(model: Model, *, host: str = "127.0.0.1", port: int = 8000, api_key: s
     _Uvicorn(config, server).run()
 
 
+class _Stopped(Exception):
+    """The signal uvicorn shut down for, raised again after its graceful shutdown (see `_Uvicorn`)."""
+
+
 class _Uvicorn:
     """uvicorn's server, told about SIGTERM/SIGINT first so in-flight requests end (with a final chunk) instead
     of running to their end while uvicorn waits for them."""
@@ -758,6 +762,27 @@ class _Uvicorn:
                 if loop is not None:
                     loop.call_soon_threadsafe(server.shutdown)  # not from inside the signal handler itself
                 super().handle_exit(sig, frame)
+
+            def run(self, sockets=None):
+                """Serve until SIGTERM/SIGINT. uvicorn raises the signal it shut down for again once it is done
+                (by default killing the process with it); the shutdown was graceful, so `edgespec serve` returns
+                and exits 0 instead: the signal raised again meets `stopped` here, not the default handler."""
+                import signal
+
+                if threading.current_thread() is not threading.main_thread():
+                    return super().run(sockets)
+
+                def stopped(sig, frame):
+                    raise _Stopped
+
+                previous = {sig: signal.signal(sig, stopped) for sig in (signal.SIGINT, signal.SIGTERM)}
+                try:
+                    super().run(sockets)
+                except _Stopped:
+                    pass
+                finally:
+                    for sig, handler in previous.items():
+                        signal.signal(sig, handler)
 
             async def startup(self, sockets=None):
                 self._edgespec_loop = asyncio.get_running_loop()
