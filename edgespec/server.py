@@ -23,10 +23,12 @@ import uuid
 from dataclasses import dataclass, field
 
 from .api import Completion, Model, RequestError, Stream
+from .session import Chunk
 from .errors import EdgespecError
 
 DEFAULT_MAX_QUEUE = 16
 DEFAULT_MAX_BODY = 4 * 2**20  # bytes: a chat history filling an 8k context is ~50 kB
+DEFAULT_STREAM_INTERVAL_MS = 0.0
 DRAIN_LIMIT = 64 * 2**20  # a too-large body up to this is read and dropped, so the client sees the 413
 FINISH = {"eos": "stop", "stop": "stop", "length": "length", "context": "length"}  # anything else: "abort"
 log = logging.getLogger("uvicorn.error")
@@ -197,6 +199,17 @@ class Metrics:
         return max(1, math.ceil(mean * max(waiting, 1)))
 
 
+def merge_chunks(chunks: list[Chunk]) -> Chunk:
+    """Several rounds' chunks as one (the last one's K, metrics and stop reason; every piece, id and notice)."""
+    if len(chunks) == 1:
+        return chunks[0]
+    last = chunks[-1]
+    notices = [c.notice for c in chunks if c.notice]
+    return Chunk(pieces=[p for c in chunks for p in c.pieces], k=last.k, metrics=last.metrics,
+                 stop_reason=last.stop_reason, token_ids=[t for c in chunks for t in c.token_ids],
+                 notice="; ".join(notices) if notices else None)
+
+
 @dataclass(eq=False)
 class Job:
     """One admitted request between the HTTP side (asyncio) and its generation (a thread of its own)."""
@@ -226,6 +239,9 @@ class Job:
 
     def _run(self) -> None:
         metrics = self.server.metrics
+        interval = self.server.stream_interval
+        pending: list = []  # rounds not yet handed to the event loop (see Server.stream_interval)
+        posted, posted_text = -math.inf, False
         try:
             last = None
             for chunk in self.stream:
@@ -238,7 +254,12 @@ class Job:
                         for _ in chunk.token_ids:
                             metrics.itl.observe((now - last) / len(chunk.token_ids))
                     last = self.last_token_at = now
-                self._put(("chunk", chunk))
+                pending.append(chunk)
+                # the first text goes out at once (time to first token), and so do notices and the last round
+                if now - posted >= interval or not posted_text or chunk.notice or chunk.stop_reason:
+                    merged = merge_chunks(pending)
+                    self._put(("chunk", merged))
+                    pending, posted, posted_text = [], now, posted_text or bool(merged.text)
             last_event = ("end", None)
         except Exception as err:  # noqa: BLE001 - reported to the client as an error response, logged here
             self.error = err
@@ -246,6 +267,8 @@ class Job:
                 log.exception("edgespec: request failed")
             last_event = ("error", err)
         finally:
+            if pending:
+                self._put(("chunk", merge_chunks(pending)))
             # counted and out of the admitted set before the client can see its answer end
             self.stream.close()
             metrics.finished(self)
@@ -263,8 +286,12 @@ class Server:
     """The app's state: the model, the admitted jobs, the metrics, the limits."""
 
     def __init__(self, model: Model, *, api_key: str | None = None, max_queue: int = DEFAULT_MAX_QUEUE,
-                 max_body: int = DEFAULT_MAX_BODY, temperature: float = 1.0):
+                 max_body: int = DEFAULT_MAX_BODY, temperature: float = 1.0,
+                 stream_interval_ms: float = DEFAULT_STREAM_INTERVAL_MS):
         self.model = model
+        # Rounds that finish within this long of the last event sent go out together in the next one: each
+        # event costs the server and the client CPU time that, on a small machine, the model's threads lose.
+        self.stream_interval = stream_interval_ms / 1000
         self.api_key = api_key
         self.max_queue = max_queue
         self.max_body = max_body
@@ -734,12 +761,14 @@ def check_host(host: str, api_key: str | None, insecure: bool) -> None:
 
 def serve(model: Model, *, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           insecure: bool = False, max_queue: int = DEFAULT_MAX_QUEUE, max_body: int = DEFAULT_MAX_BODY,
-          temperature: float = 1.0, log_level: str = "info") -> None:
+          temperature: float = 1.0, log_level: str = "info",
+          stream_interval_ms: float = DEFAULT_STREAM_INTERVAL_MS) -> None:
     """Serve `model` until SIGTERM/SIGINT; in-flight requests end at their next round with a final chunk."""
     import uvicorn
 
     check_host(host, api_key, insecure)
-    server = Server(model, api_key=api_key, max_queue=max_queue, max_body=max_body, temperature=temperature)
+    server = Server(model, api_key=api_key, max_queue=max_queue, max_body=max_body, temperature=temperature,
+                    stream_interval_ms=stream_interval_ms)
     config = uvicorn.Config(create_app(server), host=host, port=port, log_level=log_level, lifespan="off",
                             timeout_graceful_shutdown=30, access_log=log_level == "debug")
     _Uvicorn(config, server).run()
@@ -807,10 +836,16 @@ def serve_from_args(args) -> int:
         raise EdgespecError(f"--port {args.port} is not a port; use 1-65535 (or 0 for any free one)")
     if args.max_queue < 0:
         raise EdgespecError(f"--max-queue {args.max_queue} is negative; use 0 (no waiting) or more")
+    if args.stream_interval is None:
+        args.stream_interval = DEFAULT_STREAM_INTERVAL_MS
+    if not 0 <= args.stream_interval <= 10_000:
+        raise EdgespecError(f"--stream-interval {args.stream_interval} is out of range; use 0 (an event per round) "
+                            "to 10000 milliseconds")
     if args.max_body < 1024:
         raise EdgespecError(f"--max-body {args.max_body} is too small; use at least 1024 bytes")
     model = load_spec(runtime_spec(args), k=parse_k(args.k), temperature=args.temperature,
                       p_min=parse_p_min(args.p_min), profile=args.profile, name=args.model_name)
     serve(model, host=args.host, port=args.port, api_key=api_key, insecure=args.insecure, max_queue=args.max_queue,
-          max_body=args.max_body, temperature=args.temperature, log_level=args.log_level)
+          max_body=args.max_body, temperature=args.temperature, log_level=args.log_level,
+          stream_interval_ms=args.stream_interval)
     return 0

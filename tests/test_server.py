@@ -162,6 +162,20 @@ def test_completions_equal_edgespec_generate(server, tiny_checkpoints, capsys):
     assert "".join(c.choices[0].text for c in chunks if c.choices) == cli["text"]
 
 
+def test_a_stream_interval_sends_rounds_together(tiny_checkpoints):
+    t, d = str(tiny_checkpoints["target"]), str(tiny_checkpoints["draft"])
+    with serving("--target", t, "--draft", d, *TORCH, "--k", "1", "--stream-interval", "10000") as s:
+        client = s.client()
+        whole = client.completions.create(model="target", prompt="hello world", max_tokens=24, temperature=0)
+        rounds = len(whole.model_extra["edgespec"]["k_per_round"])
+        chunks = list(client.completions.create(model="target", prompt="hello world", max_tokens=24,
+                                                temperature=0, stream=True))
+    texts = [c.choices[0].text for c in chunks if c.choices and c.choices[0].text]
+    # the first text goes out at once (time to first token), every later round within 10 s of it waits for the end
+    assert rounds > 3 and len(texts) == 2
+    assert "".join(texts) == whole.choices[0].text
+
+
 def test_chat_streaming_and_not_with_usage(server, tiny_checkpoints):
     client = server.client()
     whole = chat(client, "hi there", max_tokens=20, temperature=0)
@@ -417,6 +431,13 @@ def test_non_loopback_host_needs_an_api_key(tiny_checkpoints, capsys):
     assert main(["serve", "--target", str(tiny_checkpoints["target"]), "--host", "0.0.0.0"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--api-key" in err[0] and "--insecure" in err[0]
+
+
+@pytest.mark.parametrize("flag, value", [("--stream-interval", "-5"), ("--max-queue", "-1"), ("--port", "70000")])
+def test_bad_serve_options_are_one_line_errors(tiny_checkpoints, capsys, flag, value):
+    assert main(["serve", "--target", str(tiny_checkpoints["target"]), flag, value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and flag in err[0]
 
 
 def test_api_key_and_graceful_shutdown(tiny_checkpoints):
