@@ -392,8 +392,8 @@ def run_bench_for(spec, *, ks: Sequence[int | str], params, prompts: Sequence[di
     if anchors:
         if rt.target_backend == "torch":
             model = target.lm.model
-            draft_dir = rt.draft_hf_dir or rt.target_hf_dir
-            assistant = load_causal_lm(draft_dir, dtype=spec.dtype) if draft_dir != rt.target_hf_dir else model
+            draft_dir = rt.draft_weights() or rt.target_weights()  # (a GGUF draft's converted here if it was not)
+            assistant = load_causal_lm(draft_dir, dtype=spec.dtype) if draft_dir != rt.target_weights() else model
             configs.append(hf_config("hf-assisted", model, rt.tokenizer, assistant_model=assistant))
             configs.append(hf_config(f"hf-assisted@{anchor_k}", model, rt.tokenizer, assistant_model=assistant,
                                      num_assistant_tokens=anchor_k, num_assistant_tokens_schedule="constant",

@@ -24,7 +24,7 @@ class Entry:
     kind: str  # "download" | "conversion"
     name: str  # the file's or folder's name: what `--remove` takes besides a pair's name
     path: Path
-    what: str  # e.g. "GGUF", "transformers float16", "onnx int4"
+    what: str  # e.g. "GGUF", "transformers float16", "onnx int4", "metadata (no weights)"
     pair: str | None = None  # the known pair it belongs to
     files: list[Path] = field(default_factory=list)  # what edgespec wrote (and may delete); empty: not ours
     note: str = ""  # why it is left alone
@@ -43,7 +43,7 @@ def entries() -> list[Entry]:
     out = [_download(p, pins) for p in sorted((cache_dir() / "models").glob("*"))
            if p.is_file() and not p.name.endswith(".verified") and not p.name.startswith(".")]
     hf: dict[str, str | None] = {}  # a GGUF conversion's folder -> the pair its GGUF belongs to
-    for kind in ("hf", "onnx"):
+    for kind in ("meta", "hf", "onnx"):
         for folder in sorted((converted_dir() / kind).glob("*")):
             if folder.is_dir() and not folder.name.startswith("."):
                 entry = _conversion(folder, converted_dir() / "logs", pins, hf)
@@ -93,6 +93,8 @@ def _conversion(folder: Path, logs: Path, pins: dict[str, str], hf: dict[str, st
                      note=f"no {MANIFEST}: not a finished conversion, left alone")
     if manifest.get("kind") == "hf":
         what, pair = f"transformers {manifest.get('dtype', '')}".strip(), pins.get(manifest.get("source_sha256"))
+    elif manifest.get("kind") == "meta":  # a GGUF's tokenizer and config, for llama.cpp (`convert.gguf_meta`)
+        what, pair = "metadata (no weights)", pins.get(manifest.get("source_sha256"))
     else:
         what = f"onnx {manifest.get('precision', '')}".strip()
         pair = hf.get(str(Path(manifest.get("source", "")).resolve())) if manifest.get("source") else None
@@ -142,7 +144,8 @@ def leftovers() -> list[Path]:
 
     found = [p for p in (cache_dir() / "downloads").glob("*") if p.is_dir() and dead(p.name)]
     found += [p for p in (cache_dir() / "models").glob(".*.partial") if dead(p.name)]
-    found += [p for kind in ("hf", "onnx") for p in (converted_dir() / kind).glob(".*.partial-*") if dead(p.name)]
+    found += [p for kind in ("meta", "hf", "onnx") for p in (converted_dir() / kind).glob(".*.partial-*")
+              if dead(p.name)]
     memo = converted_dir() / "digests.json"
     return found + ([memo] if memo.is_file() else [])
 

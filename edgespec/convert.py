@@ -1,7 +1,9 @@
 """One-off model conversions, cached by content: GGUF -> transformers checkpoint -> ONNX (INT4/INT8/FP32).
 
 `gguf_to_hf` dequantises a GGUF file into a transformers checkpoint (weights, tokenizer with its chat
-template, generation config): the source of both the PyTorch target and the ONNX export.
+template, generation config): the source of both the PyTorch target and the ONNX export. `gguf_meta` writes the
+same checkpoint without its weights (tokenizer, chat template, config, generation config): all a GGUF needs
+when llama.cpp runs it as it is, in seconds and a few MB instead of a dequantisation and its disk.
 `hf_to_onnx` runs onnxruntime-genai's model builder on such a checkpoint, in a subprocess.
 
 Each result lives under `cache_dir()/"converted"`, in a directory named after a hash of its input's
@@ -46,6 +48,7 @@ from .paths import cache_dir, pid_alive
 MANIFEST = "edgespec-convert.json"
 # Bump when the output of a conversion changes for the same input, so stale cache entries are not reused.
 HF_FORMAT = 1
+META_FORMAT = 1
 ONNX_FORMAT = 1
 # INT4 settings chosen by measurement on SmolLM2-135M (docs/int4-choice.md, scripts/int4_sweep.py).
 INT4_BLOCK_SIZE = 32
@@ -87,6 +90,61 @@ def gguf_to_hf(gguf_path: Path | str, *, sha256: str | None = None) -> Path:
     return _build_once(final, build, f"converting {gguf_path.name} to a transformers checkpoint")
 
 
+def gguf_meta(gguf_path: Path | str, *, sha256: str | None = None) -> Path:
+    """A transformers checkpoint dir without weights for a GGUF: tokenizer (chat template included), config.json
+    and generation_config.json, the same files `gguf_to_hf` writes beside its weights. Cached on the GGUF's digest
+    (`sha256` as in `gguf_to_hf`) under `converted_dir()/"meta"`."""
+    gguf_path = Path(gguf_path).absolute()
+    _check_gguf_magic(gguf_path)
+    digest = (sha256 or file_sha256(gguf_path)).lower()
+    key = _key({"kind": "gguf_meta", "format": META_FORMAT, "sha256": digest})
+    final = converted_dir() / "meta" / f"{_slug(gguf_path.stem)}-{key}"
+
+    def build(staging: Path) -> dict:
+        _write_gguf_metadata(gguf_path, staging)
+        return {"kind": "meta", "source": str(gguf_path), "source_sha256": digest}
+
+    return _build_once(final, build, f"reading {gguf_path.name}'s tokenizer and config (no weights)")
+
+
+def _write_gguf_metadata(gguf_path: Path, out: Path) -> None:
+    from transformers import AutoConfig, GenerationConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    with _stage("reading the config"):
+        try:
+            config = AutoConfig.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        except (ValueError, IndexError, KeyError, OSError, UnicodeDecodeError) as e:
+            _check_gguf_tensors(gguf_path)  # a truncated or garbled file: that one-line error first
+            raise EdgespecError(
+                f"transformers cannot read the config in {gguf_path.name} ({type(e).__name__}: {str(e)[:120]}); "
+                "use a model whose architecture transformers' GGUF loader supports"
+            ) from e
+    tokenizer = _gguf_tokenizer(gguf_path)
+    with _stage("saving the tokenizer and config"):
+        # what `gguf_to_hf`'s save_pretrained writes: the causal LM's class as the architecture, and the generation
+        # config made from the model config (eos and bos ids from the GGUF)
+        architecture = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(config.model_type)
+        if architecture and not config.architectures:
+            config.architectures = [architecture]
+        config.save_pretrained(out)
+        GenerationConfig.from_model_config(config).save_pretrained(out)
+        tokenizer.save_pretrained(out)
+
+
+def _gguf_tokenizer(gguf_path: Path):
+    from transformers import AutoTokenizer
+
+    with _stage("loading the tokenizer"):
+        try:
+            return AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        except (KeyError, ValueError) as e:  # metadata transformers' GGUF tokenizer reader cannot map
+            raise EdgespecError(
+                f"transformers cannot read the tokenizer in {gguf_path.name} ({type(e).__name__}: {str(e)[:120]}); "
+                "use a GGUF whose tokenizer metadata transformers supports"
+            ) from e
+
+
 _GGUF_FIX = "delete it and run `edgespec prepare` again"
 
 
@@ -119,7 +177,7 @@ def _check_gguf_tensors(path: Path) -> None:
 def _dequantise_gguf(gguf_path: Path, out: Path) -> str:
     """Load the GGUF through transformers (which dequantises it) and save a plain checkpoint; returns the dtype."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, GgufConfig
 
     def load(dtype):
         try:
@@ -143,14 +201,7 @@ def _dequantise_gguf(gguf_path: Path, out: Path) -> str:
             _note("the dequantised weights overflow float16; keeping float32")
             del model
             model, dtype = load(torch.float32), torch.float32
-    with _stage("loading the tokenizer"):
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        except (KeyError, ValueError) as e:  # metadata transformers' GGUF tokenizer reader cannot map
-            raise EdgespecError(
-                f"transformers cannot read the tokenizer in {gguf_path.name} ({type(e).__name__}: {str(e)[:120]}); "
-                "use a GGUF whose tokenizer metadata transformers supports"
-            ) from e
+    tokenizer = _gguf_tokenizer(gguf_path)
     with _stage(f"saving the checkpoint ({str(dtype).removeprefix('torch.')})"):
         # A GGUF-loaded model refuses save_pretrained ("quantized with gguf and is not serializable") until
         # it forgets the GGUF quantizer: its weights are already plain dequantised tensors.

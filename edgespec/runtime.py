@@ -4,7 +4,9 @@ This is where placement is decided: the target runs FP16 under PyTorch on CUDA w
 otherwise on the CPU under ONNX Runtime (faster than torch on CPUs: INT4 MatMulNBits kernels); the model
 drafter runs INT4 under ONNX Runtime on the CPU. It resolves and converts models through `edgespec.models`
 and `edgespec.convert` (cached, so only the first start is slow) and validates the pair before anything
-runs. It does not generate: see `edgespec.engine` and `edgespec.session`.
+runs. A GGUF's weights are converted only when a torch or ONNX model is made from them (`_Source.weights`):
+llama.cpp runs the file as it is, with its tokenizer and config read into a folder without weights. It does
+not generate: see `edgespec.engine` and `edgespec.session`.
 """
 
 from __future__ import annotations
@@ -59,14 +61,30 @@ class Runtime:
     draft_description: str | None
     pair: str | None
     drafter_name: str
-    target_hf_dir: Path | None = None  # the transformers checkpoints behind the models, when there are ones
-    draft_hf_dir: Path | None = None
-    target_gguf: Path | None = None  # the target's GGUF file, when it came as one (llama.cpp runs it as it is)
-    draft_gguf: Path | None = None
+    target_source: _Source | None = None  # where the models came from (a GGUF's weights converted on demand)
+    draft_source: _Source | None = None
     target_backend: str = "onnx"
     pair_self_draft: bool = False  # the pair drafts with its own target model (quantised)
     spec: RuntimeSpec | None = None  # what it was built from (extra drafters are placed the same way)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def target_gguf(self) -> Path | None:
+        """The target's GGUF file, when it came as one (llama.cpp runs it as it is)."""
+        return self.target_source.gguf if self.target_source else None
+
+    @property
+    def draft_gguf(self) -> Path | None:
+        return self.draft_source.gguf if self.draft_source else None
+
+    def target_weights(self) -> Path | None:
+        """The transformers checkpoint with the target's weights (a GGUF's converted now if it was not yet);
+        None for an ONNX target."""
+        return self.target_source.weights() if self.target_source else None
+
+    def draft_weights(self) -> Path | None:
+        """The draft model's checkpoint with weights, as `target_weights`; None without a draft model."""
+        return self.draft_source.weights() if self.draft_source else None
 
 
 def planned_backend(spec: RuntimeSpec) -> str:
@@ -151,19 +169,29 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
     backend = planned_backend(spec)
 
     compiles(spec)  # --compile on a backend that cannot: the error before anything loads
+    drafter_name = spec.draft or (manifest.default_drafters[0] if manifest else "ngram")
+    draft_path = None
+    if drafter_name not in DRAFTERS:
+        if spec.draft_backend not in MODEL_DRAFT_BACKENDS:
+            raise EdgespecError(f"unknown draft backend {spec.draft_backend!r}; use {', '.join(MODEL_DRAFT_BACKENDS)}")
+        draft_path, drafter_name = drafter_name, spec.draft_backend
+    # The pair's own model drafts for it: one source, its weights converted once if the drafter needs them.
+    self_draft = manifest is not None and manifest.draft is None and draft_path is None
     # ---- target
+    # A GGUF's weights are converted only for a torch or ONNX model: the target's, or the drafter's of the same file.
+    target_weights = backend != "llamacpp" or (self_draft and drafter_name in MODEL_DRAFT_BACKENDS
+                                               and _lm_backend(drafter_name) in ("onnx", "torch"))
     if manifest is not None:
         progress(f"target: {manifest.target.upstream or manifest.name}")
-        target_source = _model_dir(manifest.target, progress)
+        target_source = _model_dir(manifest.target, progress, weights=target_weights)
         onnx_precision = manifest.target.onnx_precision
     else:
-        target_source = _local_model(spec.target, progress)
+        target_source = _local_model(spec.target, progress, weights=target_weights)
         onnx_precision = "fp32"
     target_label = _label(manifest.target if manifest else None, spec.target)
-    drafter_name = spec.draft or (manifest.default_drafters[0] if manifest else "ngram")
     if spec.overlap and spec.threads is None and spec.draft_threads is None and drafter_name != "ngram":
         split_cores(spec, target_device, progress)
-    tokenizer = load_tokenizer(target_source.hf_dir or target_source.onnx_dir)
+    tokenizer = load_tokenizer(target_source.tokenizer_dir)
     target_lm = _build_lm(target_source, backend, target_device, spec, onnx_precision, "target", progress)
     if spec.exact:
         from .lm import EXACT_ROW_COUNTS, exact_rows
@@ -175,11 +203,6 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
                                 f"so no padding makes its output the same at every K; drop --exact")
 
     # ---- drafter
-    draft_path = None
-    if drafter_name not in DRAFTERS:
-        if spec.draft_backend not in MODEL_DRAFT_BACKENDS:
-            raise EdgespecError(f"unknown draft backend {spec.draft_backend!r}; use {', '.join(MODEL_DRAFT_BACKENDS)}")
-        draft_path, drafter_name = drafter_name, spec.draft_backend
     drafter = None
     draft_description = None
     draft_source = None
@@ -187,15 +210,17 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
         drafter = NgramDrafter()
         draft_description = drafter.description
     elif drafter_name in MODEL_DRAFT_BACKENDS:
+        draft_weights = _lm_backend(drafter_name) != "llamacpp"
         if draft_path is not None:
-            draft_source = _local_model(draft_path, progress)
+            draft_source = _local_model(draft_path, progress, weights=draft_weights)
         elif manifest is not None:
             progress(f"draft: {manifest.draft_model.upstream or manifest.name}")
-            draft_source = _model_dir(manifest.draft_model, progress)
+            draft_source = target_source if self_draft else _model_dir(manifest.draft_model, progress,
+                                                                       weights=draft_weights)
         else:
             raise EdgespecError(f"--draft {drafter_name} needs a pair (--pair) or a draft path (--draft DIR)")
-        if draft_source.hf_dir is not None and draft_source.hf_dir != target_source.hf_dir:
-            validate_pair(target_source.hf_dir or target_source.onnx_dir, draft_source.hf_dir, tokenizer)
+        if draft_source.info_dir is not None and not draft_source.same_model(target_source):
+            validate_pair(target_source.tokenizer_dir, draft_source.info_dir, tokenizer)
         draft_lm = _build_lm(draft_source, _lm_backend(drafter_name), draft_device, spec, drafter_name, "draft",
                              progress)
         drafter = ModelDrafter(draft_lm, name=drafter_name)
@@ -206,12 +231,9 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
     progress("ready")
     engine = SpeculativeEngine(_target(target_lm, target_device if backend == "torch" else "cpu"), drafter,
                                eos_token_ids=eos, overlap=bool(spec.overlap))
-    draft_hf = draft_source.hf_dir if draft_source is not None else None
-    draft_gguf = draft_source.gguf if draft_source is not None else None
     return Runtime(engine, tokenizer, f"{target_label} · {target_lm.description}", draft_description,
-                   manifest.name if manifest else None, drafter_name,
-                   target_hf_dir=target_source.hf_dir, draft_hf_dir=draft_hf, target_gguf=target_source.gguf,
-                   draft_gguf=draft_gguf, target_backend=backend,
+                   manifest.name if manifest else None, drafter_name, target_source=target_source,
+                   draft_source=draft_source, target_backend=backend,
                    pair_self_draft=manifest is not None and manifest.draft is None, spec=spec)
 
 
@@ -246,12 +268,14 @@ def extra_drafter(rt: Runtime, name: str):
         return rt.engine.drafter
     if name == "ngram":
         return NgramDrafter()
-    source = rt.draft_hf_dir or (rt.target_hf_dir if rt.pair_self_draft else None)
-    gguf = rt.draft_gguf or (rt.target_gguf if rt.pair_self_draft else None)
-    if source is None or (name == "llamacpp" and (gguf is None or not llamacpp_lm.available())):
+    source = rt.draft_source or (rt.target_source if rt.pair_self_draft else None)
+    if source is None or (source.hf_dir is None and source.gguf is None):  # none, or an ONNX model: one precision
+        return None
+    if name == "llamacpp" and (source.gguf is None or not llamacpp_lm.available()):
         return None
     spec = rt.spec or RuntimeSpec()
-    lm = _build_lm(_Source(hf_dir=source, gguf=gguf), _lm_backend(name), spec.draft_device, spec, name, "draft", report)
+    # a GGUF's weights are converted here if this drafter needs them and nothing converted them yet
+    lm = _build_lm(source, _lm_backend(name), spec.draft_device, spec, name, "draft", report)
     return ModelDrafter(lm, name=name)
 
 
@@ -283,34 +307,75 @@ def validate_pair(target_dir: Path, draft_dir: Path, target_tokenizer) -> None:
 
 @dataclass
 class _Source:
-    hf_dir: Path | None = None  # a transformers checkpoint (torch backend; source of ONNX exports)
+    """Where one model comes from: a transformers checkpoint, a ready ONNX model, or a GGUF file.
+
+    llama.cpp runs a GGUF as it is; its weights are dequantised into a checkpoint (`convert.gguf_to_hf`) only
+    when a torch or ONNX model is made from them, by `weights()`. Until then `meta_dir` holds the GGUF's
+    tokenizer, config and generation config without weights (`convert.gguf_meta`)."""
+
+    hf_dir: Path | None = None  # a checkpoint with weights (torch; source of ONNX exports); a GGUF's once converted
     onnx_dir: Path | None = None  # a ready ONNX model (ORT backend only)
     gguf: Path | None = None  # the GGUF file itself (the llama.cpp backend runs it as it is)
+    gguf_sha256: str | None = None  # its digest where a manifest pins it (spares hashing the file)
+    meta_dir: Path | None = None  # a GGUF's tokenizer, config and generation config, no weights
+
+    @property
+    def info_dir(self) -> Path | None:
+        """Tokenizer, config and generation config in transformers' layout: the checkpoint, else a GGUF's metadata."""
+        return self.hf_dir or self.meta_dir
+
+    @property
+    def tokenizer_dir(self) -> Path | None:
+        """Where the tokenizer is read from (an ONNX model's folder holds one too)."""
+        return self.info_dir or self.onnx_dir
+
+    def weights(self) -> Path | None:
+        """The checkpoint with weights: a GGUF's is converted on the first call (cached on disk); None for ONNX."""
+        if self.hf_dir is None and self.gguf is not None:
+            from .convert import gguf_to_hf
+
+            self.hf_dir = gguf_to_hf(self.gguf, sha256=self.gguf_sha256)
+        return self.hf_dir
+
+    def same_model(self, other: _Source) -> bool:
+        """Whether both name one model (the same GGUF file, or the same checkpoint): no pair check needed."""
+        return self is other or (self.gguf is not None and self.gguf == other.gguf) or \
+            (self.info_dir is not None and self.info_dir == other.info_dir)
 
 
-def _model_dir(model, progress) -> _Source:
-    from .convert import gguf_to_hf
+def _gguf_source(path: Path, sha256: str | None, weights: bool) -> _Source:
+    """A GGUF's source: its weights converted now when `weights`, else its metadata only (`convert.gguf_meta`)."""
+    source = _Source(gguf=path, gguf_sha256=sha256)
+    if weights:
+        source.weights()
+    else:
+        _metadata(source)
+    return source
+
+
+def _model_dir(model, progress, *, weights: bool = True) -> _Source:
+    """A pair's model, resolved (downloaded once); a GGUF's weights converted only when `weights` (`_gguf_source`)."""
     from .models import resolve_model
 
     path = resolve_model(model)
     if model.format == "gguf":
-        return _Source(hf_dir=gguf_to_hf(path, sha256=model.source.sha256), gguf=path)
+        return _gguf_source(path, model.source.sha256, weights)
     if model.format == "onnx":
         return _Source(onnx_dir=path if path.is_dir() else path.parent)
     return _Source(hf_dir=path)
 
 
-def _local_model(path: str, progress) -> _Source:
+def _local_model(path: str, progress, *, weights: bool = True) -> _Source:
     """A model the user named: a checkpoint dir, a .gguf file, an ONNX dir, or a Hugging Face hub id
-    (`org/name`, `org/name/file.gguf`; from the hub's cache when it is there, see `models.resolve_hub_id`)."""
-    from .convert import gguf_to_hf
+    (`org/name`, `org/name/file.gguf`; from the hub's cache when it is there, see `models.resolve_hub_id`); a
+    GGUF's weights converted only when `weights`."""
     from .loading import checkpoint_dir
     from .models import is_hub_id, resolve_hub_id
     from .paths import user_path
 
     p = resolve_hub_id(path) if is_hub_id(str(path)) else user_path(path, "model path")
     if p.is_file() and p.suffix == ".gguf":
-        return _Source(hf_dir=gguf_to_hf(p), gguf=p)
+        return _gguf_source(p, None, weights)
     if p.is_dir() and (p / "genai_config.json").is_file():
         return _Source(onnx_dir=p)
     return _Source(hf_dir=checkpoint_dir(p))
@@ -338,11 +403,12 @@ def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onn
         from .lm import TorchLM
         from .loading import load_causal_lm
 
-        if source.hf_dir is None:
+        hf_dir = source.weights()
+        if hf_dir is None:
             raise EdgespecError(f"the {role} is an ONNX model, which only runs with --target-backend onnx")
-        check_before_loading(device, lambda: torch_need_for(role, source.hf_dir, device, spec.dtype),
+        check_before_loading(device, lambda: torch_need_for(role, hf_dir, device, spec.dtype),
                              _MEMORY_FIX[role])
-        model = load_causal_lm(source.hf_dir, device=device, dtype=spec.dtype,
+        model = load_causal_lm(hf_dir, device=device, dtype=spec.dtype,
                                device_flag="--target-device" if role == "target" else "--draft-device")
         if role == "target" and compiles(spec):
             from .compiled_lm import compiled_lm
@@ -355,7 +421,7 @@ def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onn
     onnx_dir = source.onnx_dir
     if onnx_dir is None:
         # A drafter needs the last position's logits only: its prefill then skips the vocabulary-sized matmul.
-        onnx_dir = hf_to_onnx(source.hf_dir, **onnx_export(onnx_precision, device), last_logits_only=role == "draft")
+        onnx_dir = hf_to_onnx(source.weights(), **onnx_export(onnx_precision, device), last_logits_only=role == "draft")
     threads = spec.draft_threads or spec.threads if role == "draft" else spec.threads
     check_before_loading(device, lambda: onnx_need(f"the {role}", onnx_dir), _MEMORY_FIX[role])
     return OnnxLM(onnx_dir, threads=threads, device=device, name=role)
@@ -389,7 +455,7 @@ def _eos_ids(source: _Source, tokenizer) -> list[int]:
     from transformers import GenerationConfig
 
     ids: set[int] = set()
-    for d in (source.hf_dir, source.onnx_dir):
+    for d in (source.info_dir, source.onnx_dir):
         if d is not None and (Path(d) / "generation_config.json").is_file():
             eos = GenerationConfig.from_pretrained(d).eos_token_id
             ids.update([eos] if isinstance(eos, int) else (eos or []))
@@ -509,9 +575,9 @@ def build_session(args, progress: Callable[[str], None] | None = None):
 def prepare_models(target: str, draft: str | None = None, *, drafters: tuple[str, ...] | None = None,
                    progress: Callable[[str], None] | None = None) -> dict[str, Path]:
     """`edgespec prepare --target X [--draft Y]`: fetch (a hub id downloads once into the hub's cache), convert and
-    check the models a later `--target X --draft Y` runs on the CPU (the target as ONNX fp32, the draft as the
-    ONNX `drafters`, default int4; the pair's tokenizers compared), so that start reaches its first token in
-    seconds. Returns what was prepared."""
+    check the models a later `--target X --draft Y` runs on the CPU (the target as ONNX fp32, and a GGUF target's
+    tokenizer and config for llama.cpp; the draft as the ONNX `drafters`, default int4; the pair's tokenizers
+    compared), so that start reaches its first token in seconds. Returns what was prepared."""
     from .convert import hf_to_onnx
     from .loading import load_tokenizer
     from .progress import report, reporting_to
@@ -522,6 +588,7 @@ def prepare_models(target: str, draft: str | None = None, *, drafters: tuple[str
         t = _local_model(target, report)
         if t.gguf is not None:
             out["target (gguf)"] = t.gguf
+            out["target (metadata)"] = _metadata(t)
         if t.hf_dir is not None:
             out["target (transformers)"] = t.hf_dir
             out["target (onnx fp32)"] = hf_to_onnx(t.hf_dir, precision="fp32")
@@ -534,7 +601,7 @@ def prepare_models(target: str, draft: str | None = None, *, drafters: tuple[str
         if d.hf_dir is None:
             raise EdgespecError(f"the draft {draft} is an ONNX model; give its transformers checkpoint or GGUF, "
                                 "which edgespec converts for each drafter")
-        validate_pair(t.hf_dir or t.onnx_dir, d.hf_dir, load_tokenizer(t.hf_dir or t.onnx_dir))
+        validate_pair(t.tokenizer_dir, d.hf_dir, load_tokenizer(t.tokenizer_dir))
         out["draft (transformers)"] = d.hf_dir
         for name in drafters or ("int4",):
             if name not in ("int4", "int8"):
@@ -545,8 +612,9 @@ def prepare_models(target: str, draft: str | None = None, *, drafters: tuple[str
 
 
 def prepare_pair(pair: str, *, drafters: tuple[str, ...] | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Path]:
-    """Download, verify and convert everything `pair` needs on any machine (both target backends, its
-    drafters), so a later start reaches the first token in seconds. Returns what was prepared."""
+    """Download, verify and convert everything `pair` needs on any machine (every target backend: a GGUF target's
+    weights for torch and ONNX, its tokenizer and config for llama.cpp; its drafters), so a later start reaches
+    the first token in seconds. Returns what was prepared."""
     from .convert import hf_to_onnx
     from .models import load_manifest
     from .progress import report, reporting_to
@@ -557,18 +625,32 @@ def prepare_pair(pair: str, *, drafters: tuple[str, ...] | None = None, progress
         out: dict[str, Path] = {}
         say(f"target: {manifest.target.upstream or manifest.name}")
         target = _model_dir(manifest.target, say)
+        if target.gguf is not None:
+            out["target (metadata)"] = _metadata(target)
         if target.hf_dir is not None:
             out["target (transformers)"] = target.hf_dir
             out[f"target (onnx {manifest.target.onnx_precision})"] = hf_to_onnx(target.hf_dir, precision=manifest.target.onnx_precision)
         else:
             out["target (onnx)"] = target.onnx_dir
-        model_drafters = [d for d in (drafters or manifest.default_drafters) if d in ("int4", "int8", "torch")]
+        model_drafters = [d for d in (drafters or manifest.default_drafters) if d in MODEL_DRAFT_BACKENDS]
         if model_drafters:
             say(f"draft: {manifest.draft_model.upstream or manifest.name}")
-            draft = _model_dir(manifest.draft_model, say)
+            # the llama.cpp drafter runs the GGUF as it is (its tokenizer and config checked against the target's)
+            draft = _model_dir(manifest.draft_model, say, weights=model_drafters != ["llamacpp"])
+            if draft.gguf is not None and "llamacpp" in model_drafters:
+                out["draft (metadata)"] = _metadata(draft)
             if draft.hf_dir is not None:
                 out["draft (transformers)"] = draft.hf_dir
                 for d in model_drafters:
-                    if d != "torch":
+                    if d in ("int4", "int8"):
                         out[f"draft (onnx {d})"] = hf_to_onnx(draft.hf_dir, precision=d, last_logits_only=True)
         return out
+
+
+def _metadata(source: _Source) -> Path:
+    """A GGUF source's tokenizer and config without weights (`convert.gguf_meta`), what a llama.cpp start reads."""
+    from .convert import gguf_meta
+
+    if source.meta_dir is None:
+        source.meta_dir = gguf_meta(source.gguf, sha256=source.gguf_sha256)
+    return source.meta_dir
