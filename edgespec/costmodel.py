@@ -9,7 +9,7 @@ draft(K) + verify(K+1) when the draft and the target run one after the other. Wh
 verification (the drafter drafts its guess at the target's token and the next K while the target verifies),
 the round costs max(draft(K+1), verify(K+1)), plus draft(K) again unless the whole block and the guess were
 accepted (probability ~ survival[K]): the plain max(draft(K), verify(K+1)) assumes every overlapped draft
-is used and over-predicted the measured gain by 30-37% on the Qwen pair (docs/bench/overlap/, deleted in bac3fec; git keeps it).
+is used and over-predicted the measured gain by 30-37% on the Qwen pair (docs/bench/overlap/ in git before bac3fec).
 Plain decoding costs verify(1) per token, so the expected speed-up is E(K) * verify(1) / cost(K).
 K = 0 is plain decoding (speed-up 1 by definition).
 

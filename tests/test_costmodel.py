@@ -45,7 +45,7 @@ def test_overlap_formula():
 
 
 def test_overlap_predicts_the_measured_qwen_gain_better_than_the_optimistic_form():
-    # 1-thread latencies and acceptance measured on the Qwen pair (docs/bench/overlap/, in git before bac3fec): K=2 measured 1.17x.
+    # 1-thread latencies and acceptance measured on the Qwen pair (docs/bench/overlap/ before bac3fec): K=2: 1.17x.
     lat = Latencies([0, 0.0165, 0.0373, 0.0527], [0, 0.0484, 0.0577, 0.0691])
     surv = [0.75, 0.65]
     optimistic = expected_tokens(surv, 2) * lat.verify[1] / max(lat.draft[2], lat.verify[3])
