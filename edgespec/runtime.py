@@ -179,8 +179,7 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
     self_draft = manifest is not None and manifest.draft is None and draft_path is None
     # ---- target
     # A GGUF's weights are converted only for a torch or ONNX model: the target's, or the drafter's of the same file.
-    target_weights = backend != "llamacpp" or (self_draft and drafter_name in MODEL_DRAFT_BACKENDS
-                                               and _lm_backend(drafter_name) in ("onnx", "torch"))
+    target_weights = backend != "llamacpp" or (self_draft and _needs_weights(drafter_name))
     if manifest is not None:
         progress(f"target: {manifest.target.upstream or manifest.name}")
         target_source = _model_dir(manifest.target, progress, weights=target_weights)
@@ -210,7 +209,7 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
         drafter = NgramDrafter()
         draft_description = drafter.description
     elif drafter_name in MODEL_DRAFT_BACKENDS:
-        draft_weights = _lm_backend(drafter_name) != "llamacpp"
+        draft_weights = _needs_weights(drafter_name)
         if draft_path is not None:
             draft_source = _local_model(draft_path, progress, weights=draft_weights)
         elif manifest is not None:
@@ -277,6 +276,12 @@ def extra_drafter(rt: Runtime, name: str):
     # a GGUF's weights are converted here if this drafter needs them and nothing converted them yet
     lm = _build_lm(source, _lm_backend(name), spec.draft_device, spec, name, "draft", report)
     return ModelDrafter(lm, name=name)
+
+
+def _needs_weights(drafter_name: str) -> bool:
+    """Whether this drafter runs a model made from the draft's weights (torch, or an ONNX export): a GGUF draft
+    is then converted; n-gram needs no model and llama.cpp runs the GGUF as it is."""
+    return drafter_name in MODEL_DRAFT_BACKENDS and _lm_backend(drafter_name) != "llamacpp"
 
 
 def _lm_backend(drafter_name: str) -> str:
@@ -636,7 +641,7 @@ def prepare_pair(pair: str, *, drafters: tuple[str, ...] | None = None, progress
         if model_drafters:
             say(f"draft: {manifest.draft_model.upstream or manifest.name}")
             # the llama.cpp drafter runs the GGUF as it is (its tokenizer and config checked against the target's)
-            draft = _model_dir(manifest.draft_model, say, weights=model_drafters != ["llamacpp"])
+            draft = _model_dir(manifest.draft_model, say, weights=any(map(_needs_weights, model_drafters)))
             if draft.gguf is not None and "llamacpp" in model_drafters:
                 out["draft (metadata)"] = _metadata(draft)
             if draft.hf_dir is not None:
