@@ -29,3 +29,19 @@ def tiny_checkpoints(tmp_path_factory):
         "draft": save_tiny_checkpoint(root / "draft", perturbed(target, 0.3)),
         "other_vocab": save_tiny_checkpoint(root / "other", tiny_llama(vocab_size=128, seed=5, max_pos=2048)),
     }
+
+
+@pytest.fixture
+def untemplated_target(tiny_checkpoints, tmp_path) -> Path:
+    """The tiny target's checkpoint without a chat template (a base model, which only takes raw prompts)."""
+    import json
+    import shutil
+
+    plain = tmp_path / "no-template"
+    shutil.copytree(tiny_checkpoints["target"], plain)
+    config = json.loads((plain / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(config))
+    for extra in plain.glob("chat_template.*"):
+        extra.unlink()
+    return plain

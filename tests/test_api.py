@@ -95,20 +95,10 @@ def test_bad_settings_name_their_field(model, settings, param):
     assert err.value.param == param and "\n" not in str(err.value)
 
 
-def test_chat_needs_a_chat_template(model, tiny_checkpoints, tmp_path):
+def test_chat_needs_a_chat_template(model, untemplated_target):
     """`has_chat_template` says beforehand (the chat app checks it at start) what `chat` would refuse."""
-    import json
-    import shutil
-
     assert model.has_chat_template
-    plain = tmp_path / "no-template"
-    shutil.copytree(tiny_checkpoints["target"], plain)
-    config = json.loads((plain / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (plain / "tokenizer_config.json").write_text(json.dumps(config))
-    for extra in plain.glob("chat_template.*"):
-        extra.unlink()
-    raw = edgespec.load(target=str(plain), draft="none", progress=lambda _: None, **TORCH)
+    raw = edgespec.load(target=str(untemplated_target), draft="none", progress=lambda _: None, **TORCH)
     assert not raw.has_chat_template
     with pytest.raises(EdgespecError, match="no chat template"):
         raw.chat([{"role": "user", "content": "hi"}], max_tokens=4)

@@ -5,7 +5,6 @@ subprocess, for the entry point and the streamed text."""
 
 import contextlib
 import json
-import shutil
 import subprocess
 import sys
 
@@ -202,19 +201,12 @@ def test_bench_counts_of_zero_are_errors_not_the_default(argv, needle, tmp_path,
     assert not (tmp_path / "o").exists()
 
 
-def test_chat_flag_without_a_chat_template_is_a_one_line_error(tiny_checkpoints, tmp_path, capsys):
-    plain = tmp_path / "no-template"
-    shutil.copytree(tiny_checkpoints["target"], plain)
-    config = json.loads((plain / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (plain / "tokenizer_config.json").write_text(json.dumps(config))
-    for extra in plain.glob("chat_template.*"):
-        extra.unlink()
-    code, out, err = run_main(capsys, "generate", "--target", str(plain), "--prompt", "hi", "--chat")
+def test_chat_flag_without_a_chat_template_is_a_one_line_error(untemplated_target, capsys):
+    code, out, err = run_main(capsys, "generate", "--target", str(untemplated_target), "--prompt", "hi", "--chat")
     one_line_error(code, err, "no chat template", "drop --chat")
     assert out == ""
     # without --chat the same model answers
-    assert generate_json(capsys, "--target", str(plain), "--prompt", "hi", "--max-new-tokens", "4")["token_ids"]
+    assert generate_json(capsys, "--target", str(untemplated_target), "--prompt", "hi", "--max-new-tokens", "4")["token_ids"]
 
 
 def interrupt_after_first_step(monkeypatch):

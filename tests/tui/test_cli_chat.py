@@ -39,25 +39,16 @@ def test_a_failing_load_exits_2_with_the_message(monkeypatch, capfd):
     assert "Traceback" not in err
 
 
-def test_a_model_without_a_chat_template_cannot_start_the_chat(tiny_checkpoints, tmp_path, monkeypatch, capfd):
+def test_a_model_without_a_chat_template_cannot_start_the_chat(untemplated_target, monkeypatch, capfd):
     """The check runs once the model is loaded (`Model.has_chat_template`), not at the first turn."""
-    import json
-    import shutil
-
-    plain = tmp_path / "plain"
-    shutil.copytree(tiny_checkpoints["target"], plain)
-    config = json.loads((plain / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (plain / "tokenizer_config.json").write_text(json.dumps(config))
-    for extra in plain.glob("chat_template.*"):
-        extra.unlink()
 
     class Headless(tui.app.ChatApp):
         def run(self, **kwargs):
             return super().run(headless=True, **kwargs)
 
     monkeypatch.setattr(tui.app, "ChatApp", Headless)
-    assert main(["chat", "--target", str(plain), "--target-backend", "torch", "--draft", "none"]) == 2
+    assert main(["chat", "--target", str(untemplated_target), "--target-backend", "torch", "--draft", "none"]) == 2
     err = " ".join(capfd.readouterr().err.split())  # the app's exit message wraps at the terminal's width
-    assert "edgespec: error: plain's tokenizer has no chat template; edgespec chat needs an instruct/chat model" in err
+    name = untemplated_target.name
+    assert f"edgespec: error: {name}'s tokenizer has no chat template; edgespec chat needs an instruct/chat model" in err
     assert "Traceback" not in err
