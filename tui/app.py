@@ -15,7 +15,8 @@ the stream after the current round and the partial answer stays, marked "[stoppe
 
 It does not load models itself, parse command lines, or know the engine: everything it needs from edgespec is
 the Python API's `Model.chat(messages, system=, stream=True, cancel=, **sampling settings)` (chunks of text
-pieces tagged by origin, with the turn's metrics), `Model.description` and `EdgespecError`. Nothing of
+pieces tagged by origin, with the turn's metrics), `Model.description` and `EdgespecError`; with
+`--server` the factory returns an `edgespec.remote.RemoteModel`, the same surface over `edgespec serve`. Nothing of
 edgespec but its errors is imported here, so start-up stays fast.
 """
 
@@ -320,7 +321,8 @@ class ChatApp(App[None]):
                         self.notify(notice, title="speculation stopped", severity="warning", timeout=15)  # thread-safe
                     notices = len(chunk.metrics.notices)
                     pending.extend(chunk.pieces)
-                    stats = TurnStats.from_chunk(chunk, turn.settings["speculation"])
+                    if chunk.metrics.num_emitted_tokens:  # a server's stream has them only in its last chunk
+                        stats = TurnStats.from_chunk(chunk, turn.settings["speculation"])
                     reason = chunk.stop_reason
                     if reason is None and turn.cancel.is_set():
                         reason = "cancelled"  # a model that ignores the event still stops here
