@@ -326,7 +326,33 @@ def add_chat_parser(sub) -> None:
     c.add_argument("--list", action="store_true", help="list saved chats (id, date, first message) and exit")
     c.add_argument("--no-color-origin", action="store_true",
                    help="start with answers rendered as Markdown instead of coloured by origin (F2 toggles)")
+    c.add_argument("--server", default=None, metavar="URL",
+                   help="chat with a running `edgespec serve` (http://HOST:PORT) instead of loading a model here; "
+                        "the model options then belong to the server")
+    c.add_argument("--api-key", default=None, help="with --server: the server's API key (default: $EDGESPEC_API_KEY)")
     c.set_defaults(func=cmd_chat)
+
+
+def check_server_args(args: argparse.Namespace) -> None:
+    """`edgespec chat --server URL`: no model options beside it (the server's model answers), a well-formed URL,
+    and the API key from $EDGESPEC_API_KEY (as `edgespec serve` reads it) unless --api-key gives one."""
+    import os
+
+    from .remote import parse_server_url
+
+    if args.server is None:
+        if args.api_key is not None:
+            raise EdgespecError("--api-key goes with --server URL (the key of a running edgespec serve)")
+        return
+    model_options = argparse.ArgumentParser(add_help=False)
+    add_model_options(model_options)
+    given = [f"--{name.replace('_', '-')}" for name, default in vars(model_options.parse_args([])).items()
+             if getattr(args, name) != default]
+    if given:
+        raise EdgespecError(f"--server chats with the model that server runs; drop {', '.join(given)} (give model "
+                            "options to `edgespec serve` instead)")
+    parse_server_url(args.server)
+    args.api_key = args.api_key or os.environ.get("EDGESPEC_API_KEY") or None
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -343,6 +369,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if args.list:
         print(format_chat_list(list_chats()))
         return 0
+    check_server_args(args)
     try:
         settings = parse_settings({"temperature": str(args.temperature), "top_p": str(args.top_p),
                                    "max_new_tokens": str(args.max_new_tokens), "k": str(args.k)})
@@ -372,12 +399,19 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def load_chat_model(args: argparse.Namespace, progress):
     """The `edgespec.api.Model` `edgespec chat` talks to (the chat app's factory, run on its model thread): loaded
     with `load_spec` as `edgespec generate` loads one, but always with K = auto's profile, so the chat's settings
-    can switch between auto and a fixed K from one turn to the next (each turn passes its own K)."""
-    from .api import load_spec
-    from .policy import parse_p_min
+    can switch between auto and a fixed K from one turn to the next (each turn passes its own K). With --server,
+    a `RemoteModel` instead: the same surface over a running `edgespec serve`."""
+    if args.server is not None:
+        from .remote import RemoteModel
 
-    model = load_spec(runtime_spec(args), k="auto", temperature=args.temperature, p_min=parse_p_min(args.p_min),
-                      profile=args.profile, progress=progress)
+        progress(f"connecting to {args.server}")
+        model = RemoteModel(args.server, api_key=args.api_key)
+    else:
+        from .api import load_spec
+        from .policy import parse_p_min
+
+        model = load_spec(runtime_spec(args), k="auto", temperature=args.temperature, p_min=parse_p_min(args.p_min),
+                          profile=args.profile, progress=progress)
     if not model.has_chat_template:
         raise EdgespecError(f"{model.name}'s tokenizer has no chat template; edgespec chat needs an instruct/chat "
                             "model (or use edgespec generate with a raw prompt)")
