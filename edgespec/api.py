@@ -217,7 +217,22 @@ class Model:
     @property
     def description(self) -> dict:
         return {"target": self.runtime.target_description, "draft": self.runtime.draft_description,
-                "drafter": self.drafter, "k": self.k}
+                "drafter": self.drafter, "k": self.k, "overlap": self.runtime.engine.overlap}
+
+    def limit_context(self, tokens: int) -> None:
+        """Let requests use at most `tokens` of the context (prompt and answer together) from now on: a longer
+        prompt is refused and an answer that reaches it stops with reason "context". It only lowers the model's
+        own limit (`max_context`), and waits its turn for the device, so no request runs under two limits.
+        `scripts/soak.py --context` uses it to reach a chat's context end in fewer tokens."""
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 2:
+            raise RequestError(f"a context limit of {tokens!r} tokens is too small; give at least 2 (a prompt token "
+                               "and an answer's)", "max_context")
+        self._lock.acquire()
+        try:
+            target = self.runtime.engine.target  # the extra drafters' engines share it (`_engine_for`)
+            target.max_context = min(tokens, target.max_context)
+        finally:
+            self._lock.release()
 
     @property
     def has_chat_template(self) -> bool:

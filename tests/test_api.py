@@ -111,6 +111,32 @@ def test_prompt_past_the_context_is_refused_before_it_waits(model):
     assert err.value.param == "prompt" and "context" in str(err.value)
 
 
+def test_a_context_limit_ends_answers_at_it_and_refuses_longer_prompts(tiny_checkpoints):
+    # its own model: the limit stays for every later request
+    capped = edgespec.load(target=str(tiny_checkpoints["target"]), draft=str(tiny_checkpoints["draft"]), k=3,
+                           overlap=True, progress=lambda _: None, **TORCH)
+    d = capped.description
+    assert (d["drafter"], d["k"], d["overlap"]) == ("torch", 3, True) and d["target"] and d["draft"]
+    prompt = capped.encode("hello world")
+    full = capped.generate(prompt, max_tokens=12)
+    assert full.stop_reason == "length"  # no EOS within 12 tokens: the limit below is what ends the next one
+    own = capped.max_context
+    for bad in (1, 0, True, 2.5, "64"):
+        with pytest.raises(RequestError, match="too small; give at least 2") as err:
+            capped.limit_context(bad)
+        assert err.value.param == "max_context"
+    assert capped.max_context == own
+    limit = len(prompt) + 10
+    capped.limit_context(limit)
+    capped.limit_context(own + 100)  # it only lowers
+    assert capped.max_context == limit
+    c = capped.generate(prompt, max_tokens=12)
+    assert c.stop_reason == "context" and c.token_ids == full.token_ids[:10]
+    with pytest.raises(RequestError, match=f"the model's context holds {limit}") as err:
+        capped.stream(prompt + full.token_ids[:10])
+    assert err.value.param == "prompt" and not capped.busy
+
+
 def test_stop_strings_and_seeds(model):
     full = model.generate("the cat", max_tokens=30).text
     stop = full[3:5]
