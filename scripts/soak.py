@@ -1,34 +1,43 @@
-"""Soak: a long chat session on the real default pair, watching memory and threads.
+"""Soak: a long chat on the real default pair, driven as `edgespec chat` drives it, watching memory and threads.
 
-    python scripts/soak.py [--tokens 10000] [--max-new-tokens 1024] [--k auto] [--context N] [--out docs/soak]
-                           [any other `edgespec chat` model option: --pair, --target, --draft, --overlap, ...]
+    python scripts/soak.py [--tokens 10000] [--max-new-tokens 1024] [--context N] [--warmup-tokens 1000]
+                           [--out docs/soak] [any other `edgespec chat` option: --pair, --target, --draft, --k,
+                           --overlap, --system, ...]
 
-It drives `ChatSession.reply` the way `edgespec chat` does (the session from `build_session` with the chat's
-own argument parser and settings: `--k auto`, the profile's drafter, overlap as the runtime decides), sending
-varied user messages (the last user message of each prompt of edgespec/data/bench_prompts.jsonl, in turn) and
-keeping the history, so every chat grows until the context ends. A chat ends either by the engine's
-STOP_CONTEXT ("context": the answer reached the end of the context) or by the one-line EdgespecError when the
-history no longer fits the prompt; the script then starts a new chat (what the chat app offers: Ctrl+N) and
-goes on until `--tokens` tokens were generated in all.
+It drives the chat as the chat app (tui/app.py) does, through the Python API. The model comes from the app's
+factory, `cli.load_chat_model`, given `edgespec chat`'s own command line (its parser and `check_args`, so the same
+options and defaults: K = auto with this machine's profile and its drafter, overlap as the runtime decides). Each
+turn streams `Model.chat(messages, system=, stream=True, cancel=, **settings)` with the settings the app sends
+(`tui.app.request_settings` of `DEFAULT_SETTINGS` under the command line's, validated by the settings dialog's
+`parse_settings`, as `edgespec chat` makes them), reading chunks until one carries a stop reason, as the app's
+model thread does. The history is the app's: a `tui.history.ChatRecord` whose `model_messages()` each turn sends,
+each answer's text joined from its pieces. The user messages are the last user message of each prompt of
+edgespec/data/bench_prompts.jsonl, in turn, so every chat grows until its context ends, which the script sees as
+the app sees it: the stream's stop reason "context" (the answer reached the end of the context), or the one-line
+EdgespecError (`RequestError`) `Model.chat` raises when the history no longer fits. It then starts a new chat, a
+fresh `ChatRecord` as the app's Ctrl+N does, and goes on until `--tokens` tokens were generated in all. (The app
+runs the turns on its one model thread behind a Textual screen; here they run on the main thread with no screen:
+the soak watches the model and the API, not the UI.)
 
-After every turn it records the tokens so far, the process's RSS (psutil), the live Python threads
-(threading.enumerate) and the process's OS threads (psutil), the stop reason and any notice. At the end it
-writes soak.json, soak.md and soak.png (RSS against tokens) to --out, and exits 1 if RSS grew more than 5%
-after the warm-up or a thread was left behind (an edgespec-draft thread alive, or more threads than at the
-start).
+After every turn it records, from the stream's `Completion` (its token ids, prompt and cached tokens, metrics and
+notices): the tokens so far, the process's RSS (psutil), the live Python threads (threading.enumerate) and the
+process's OS threads (psutil), the stop reason and any notice. At the end it writes soak.json, soak.md and
+soak.png (RSS against tokens) to --out, and exits 1 if RSS grew more than 5% after the warm-up or a thread was
+left behind (an edgespec-draft thread alive, or more threads than at the start); 2 for a bad option.
 
 The warm-up: the KV buffers grow with the context and are kept between requests (they never shrink), so RSS
 legitimately rises until the first chat has filled the context once. The reference point is therefore the end
 of the first chat (its context end), or the first `--warmup-tokens` tokens if that comes later.
 
-`--context N` caps the context the engine allows (the target's `max_context`) below the model's own, to reach
-more context ends in fewer tokens; the default is the model's full context, as `edgespec chat` uses it.
+`--context N` caps the context requests may use (`Model.limit_context`) below the model's own, to reach more
+context ends in fewer tokens; the default is the model's full context, as `edgespec chat` uses it.
 Not a speed measurement: the tokens/s it prints depend on what else runs on the machine.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -42,6 +51,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edgespec.errors import EdgespecError  # noqa: E402
+from tui.history import ChatRecord  # noqa: E402
 
 DRAFT_THREAD_PREFIX = "edgespec-draft"  # edgespec.scheduler.THREAD_PREFIX
 RSS_LIMIT_PCT = 5.0
@@ -53,9 +63,9 @@ class TurnRecord:
     turn: int  # within the chat, from 1
     tokens_total: int  # generated in the whole soak so far, this turn included
     tokens: int  # generated in this turn
-    prompt_tokens: int  # the history as the model sees it (the chat template applied)
+    prompt_tokens: int  # the history as the model sees it (the chat template applied: `Model.encode_chat`)
     context: int  # prompt + generated: where the chat's context stands after this turn
-    fits: bool  # the prompt fits the context (else the engine must refuse it with its one-line error)
+    fits: bool  # the prompt fits the context (else `Model.chat` must refuse it with its one-line error)
     stop_reason: str  # eos / length / context / stop / cancelled, or "error" (then `error` says why)
     error: str | None
     notices: list[str]
@@ -70,7 +80,8 @@ class TurnRecord:
     # Positions the models' KV buffers hold, and the tokens the draft model has taken in (diagnostics: the
     # buffers grow, never shrink, so RSS rises whenever one of them reaches a length it never had before).
     kv: dict
-    prefill_tokens: int | None  # what the target had to take in (the prompt less the prefix its cache kept)
+    prefill_tokens: int | None  # what the target had to take in (the prompt less the prefix its cache kept,
+    # `Completion.cached_tokens`); None when the turn ran nothing
 
 
 @dataclass
@@ -105,25 +116,14 @@ def rss_mb(proc: psutil.Process) -> float:
     return proc.memory_info().rss / 2**20
 
 
-def fed_tokens(target, prompt_ids: list[int]) -> int | None:
-    """Prompt tokens the target will feed in its prefill: those past the prefix its cache (`CachedPrefix`,
-    private) holds from the last request; None when the target has no such cache."""
-    cache = getattr(target, "_cache", None)
-    if cache is None:
-        return None
-    common, ids = 0, cache.ids
-    while common < min(len(ids), len(prompt_ids) - 1) and ids[common] == prompt_ids[common]:
-        common += 1
-    return len(prompt_ids) - 1 - common  # the last prompt token goes in with the first verification
-
-
-def kv_state(session) -> dict:
+def kv_state(model) -> dict:
     """Positions the target's and the draft model's KV buffers hold (ONNX Runtime models: `OnnxLM`'s private
-    `_capacity`; None elsewhere) and the tokens the draft model's cache has taken in."""
-    target_lm = getattr(session.engine.target, "lm", None)
-    drafter = session.engine.drafter
-    draft_lm = getattr(drafter, "lm", None)
-    cache = getattr(drafter, "_cache", None)
+    `_capacity`; None elsewhere) and the tokens the draft model's cache has taken in. A diagnostic read of the
+    loaded runtime's buffers (what RSS follows), not part of how the soak drives the chat."""
+    engine = model.runtime.engine
+    target_lm = getattr(engine.target, "lm", None)
+    draft_lm = getattr(engine.drafter, "lm", None)
+    cache = getattr(engine.drafter, "_cache", None)
     return {"target_capacity": getattr(target_lm, "_capacity", None),
             "draft_capacity": getattr(draft_lm, "_capacity", None),
             "draft_seen": len(cache.ids) if cache is not None else None}
@@ -143,62 +143,88 @@ def settled_os_threads(proc: psutil.Process, *, steady_s: float = 0.2, cap_s: fl
     return count
 
 
-def run_soak(session, settings, *, tokens: int, messages: list[str], context: int | None = None,
+def chat_model(options: list[str], max_new_tokens: int, progress):
+    """`edgespec chat`'s model and its turns' settings, made from its command line `options` as the CLI and the
+    app make them: the chat's parser and `check_args` (cli.main), the settings dialog's validation over
+    `DEFAULT_SETTINGS` (cli.cmd_chat, `ChatApp`), `request_settings` (each turn's `Model.chat` keywords) and the
+    app's factory `load_chat_model`. Returns (model, settings, parsed arguments)."""
+    from edgespec.cli import build_parser, check_args, load_chat_model
+    from tui.app import DEFAULT_SETTINGS, request_settings
+    from tui.settings import parse_settings
+
+    args = build_parser().parse_args(["chat", "--max-new-tokens", str(max_new_tokens), *options])
+    check_args(args)
+    try:
+        values = parse_settings({"temperature": str(args.temperature), "top_p": str(args.top_p),
+                                 "max_new_tokens": str(args.max_new_tokens), "k": str(args.k)})
+    except ValueError as err:
+        raise EdgespecError(str(err)) from None
+    settings = request_settings({**DEFAULT_SETTINGS, **values})
+    return load_chat_model(args, progress), settings, args
+
+
+def run_soak(model, settings: dict, *, tokens: int, messages: list[str], context: int | None = None,
              system: str | None = None, log=None) -> SoakResult:
-    """Chat with `session` (a `ChatSession`) under `settings` (a `Settings`) until `tokens` tokens were
-    generated: each chat runs until its context ends (a "context" stop, or the EdgespecError of a history that
-    no longer fits), then a new one starts. `context` caps the engine's context. Any other exception is a bug
-    and propagates."""
-    target = session.engine.target
+    """Chat with `model` (an `edgespec.api.Model`) as the chat app does, each turn streaming
+    `Model.chat(history, system=, stream=True, cancel=, **settings)` (`settings`: `request_settings`' keywords),
+    until `tokens` tokens were generated: each chat runs until its context ends (a "context" stop, or the
+    EdgespecError of a history that no longer fits), then a new one starts. `context` caps the model's context
+    (`Model.limit_context`). Any other exception is a bug and propagates."""
     if context is not None:
-        if context < 2:
-            raise EdgespecError(f"--context {context} is too small; give at least 2 tokens")
-        target.max_context = min(context, target.max_context)
+        model.limit_context(context)
     proc = psutil.Process()
     result = SoakResult(start_rss_mb=rss_mb(proc), start_py_threads=threading.active_count(),
-                        start_os_threads=settled_os_threads(proc), context_limit=target.max_context)
+                        start_os_threads=settled_os_threads(proc), context_limit=model.max_context)
     start = time.perf_counter()
-    history: list[dict] = []
+    conversation = ChatRecord.new(system)  # kept in memory only: the soak saves no chat
     chat, turn, next_message = 1, 0, 0
     while result.tokens < tokens:
         turn += 1
-        history.append({"role": "user", "content": messages[next_message % len(messages)]})
+        conversation.messages.append({"role": "user", "content": messages[next_message % len(messages)]})
         next_message += 1
+        history = conversation.model_messages()  # what the app sends: role and content only
+        prompt_tokens = len(model.encode_chat(history, system))  # counted here too: a refused prompt has no stream
         t0 = time.perf_counter()
-        text, n, reason, error, notices, k_mean, drafted, accepted = [], 0, None, None, [], 0.0, 0, 0
-        prompt_ids = session.encode(history, system)
-        prompt_tokens, prefill = len(prompt_ids), fed_tokens(target, prompt_ids)
+        answer, pieces, reason, error = None, [], None, None
         try:
-            for chunk in session.reply(history, settings, system=system):
-                text.append(chunk.text)
-                reason = chunk.stop_reason
-            metrics = session.last_metrics
-            n, notices = metrics.num_emitted_tokens, list(metrics.notices)
-            ks = metrics.k_per_round
-            k_mean, drafted, accepted = (round(sum(ks) / len(ks), 2) if ks else 0.0, metrics.num_draft_tokens,
-                                         metrics.num_accepted_tokens)
+            answer = model.chat(history, system=system, stream=True, cancel=threading.Event(), **settings)
+            with contextlib.closing(answer):  # as the app: the device is handed on however the loop ends
+                for chunk in answer:
+                    pieces.extend(chunk.pieces)
+                    reason = chunk.stop_reason
+                    if reason is not None:
+                        break
         except EdgespecError as err:  # the history no longer fits the prompt: the chat's end, said in one line
-            if turn == 1:  # a new chat that cannot start would loop for ever
+            if turn == 1 and prompt_tokens >= model.max_context:  # a new chat that cannot start would loop for ever
                 raise EdgespecError(f"a user message alone does not fit the context ({err}); raise --context") from None
             reason, error = "error", str(err)
+        entry = {"role": "assistant", "content": "".join(text for text, _ in pieces)}
+        conversation.messages.append({**entry, "error": error} if error else entry)  # as the app keeps a failed turn
+        if answer is None:  # refused before it ran
+            n, notices, ks, drafted, accepted, prefill = 0, [], [], 0, 0, None
+        else:
+            done = answer.result()
+            m = done.metrics
+            n, notices, ks = len(done.token_ids), list(done.notices), m.k_per_round
+            drafted, accepted = m.num_draft_tokens, m.num_accepted_tokens
+            prefill = done.prompt_tokens - 1 - done.cached_tokens  # the last one goes in with the first verification
         result.tokens += n
-        history.append({"role": "assistant", "content": "".join(text)})
         names = sorted(t.name for t in threading.enumerate())
         record = TurnRecord(chat=chat, turn=turn, tokens_total=result.tokens, tokens=n, prompt_tokens=prompt_tokens,
-                            context=prompt_tokens + n, fits=prompt_tokens < target.max_context,
-                            stop_reason=reason or "none",
-                            error=error, notices=notices, rss_mb=round(rss_mb(proc), 2), py_threads=len(names),
-                            py_thread_names=names, os_threads=proc.num_threads(),
-                            seconds=round(time.perf_counter() - t0, 3), k_mean=k_mean, drafted=drafted,
-                            accepted=accepted, kv=kv_state(session), prefill_tokens=prefill)
+                            context=prompt_tokens + n, fits=prompt_tokens < model.max_context,
+                            stop_reason=reason or "none", error=error, notices=notices,
+                            rss_mb=round(rss_mb(proc), 2), py_threads=len(names), py_thread_names=names,
+                            os_threads=proc.num_threads(), seconds=round(time.perf_counter() - t0, 3),
+                            k_mean=round(sum(ks) / len(ks), 2) if ks else 0.0, drafted=drafted, accepted=accepted,
+                            kv=kv_state(model), prefill_tokens=prefill)
         result.turns.append(record)
         if len(result.turns) == 1:  # thread pools a first request starts lazily (torch's, ORT's) are no leak
             result.first_turn_py_threads, result.first_turn_os_threads = record.py_threads, settled_os_threads(proc)
         if log is not None:
             log(record)
         if reason in ("context", "error"):  # the app offers a new chat here (Ctrl+N): take it
-            history, chat, turn = [], chat + 1, 0
-    result.chats = chat if history else chat - 1
+            conversation, chat, turn = ChatRecord.new(system), chat + 1, 0
+    result.chats = chat if conversation.messages else chat - 1
     result.seconds = round(time.perf_counter() - start, 1)
     names = sorted(t.name for t in threading.enumerate())
     result.end_py_threads, result.end_os_threads, result.end_thread_names = len(names), settled_os_threads(proc), names
@@ -269,8 +295,10 @@ def write_report(out_dir: Path, result: SoakResult, summary: dict, meta: dict) -
     lines = [
         "# Soak: a long chat on the default pair",
         "",
-        f"`{meta['command']}` ({meta['date']}), {meta['target']} · draft: {meta['draft']}; "
-        f"settings: {meta['settings']}; context limit {s['context_limit']} tokens.",
+        f"`{meta['command']}` ({meta['date']}), {meta['target']} · draft: {meta['draft']} · drafter "
+        f"{meta['drafter']} · overlap {meta['overlap']}; settings: {meta['settings']}; context limit "
+        f"{s['context_limit']} tokens.",
+        f"Driven as `edgespec chat` drives it: {meta['drives']}.",
         f"Machine: {meta['machine']}; load average {meta['load_start']} at the start, {meta['load_end']} at the end "
         "(the cores are shared with other work: not a speed measurement).",
         "",
@@ -344,28 +372,22 @@ def parse_args(argv: list[str] | None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from edgespec.cli import build_parser
     from edgespec.hardware import describe
-    from edgespec.runtime import build_session
-    from edgespec.session import Settings
-    from tui.app import DEFAULT_SETTINGS
-    from tui.settings import parse_settings
 
     argv = sys.argv[1:] if argv is None else argv
     ours, rest = parse_args(argv)
     try:
         if ours.tokens < 1:
             raise EdgespecError(f"--tokens {ours.tokens} must be at least 1")
-        chat_args = build_parser().parse_args(["chat", "--max-new-tokens", str(ours.max_new_tokens), *rest])
-        # As `edgespec chat` does (cli.cmd_chat, tui.app._start_turn): the dialog's validation, its defaults.
-        values = parse_settings({"temperature": str(chat_args.temperature), "top_p": str(chat_args.top_p),
-                                 "max_new_tokens": str(chat_args.max_new_tokens), "k": str(chat_args.k)})
-        settings = Settings(**{**DEFAULT_SETTINGS, **values})
+        if ours.context is not None and ours.context < 2:
+            raise EdgespecError(f"--context {ours.context} is too small; give at least 2 tokens")
         load_start = [round(x, 2) for x in os.getloadavg()]
         t0 = time.perf_counter()
-        session = build_session(chat_args, progress=lambda line: print(f"  {line}", file=sys.stderr, flush=True))
-        print(f"ready in {time.perf_counter() - t0:.0f} s: {session.target_description} · draft: "
-              f"{session.draft_description} · overlap {session.engine.overlap}", file=sys.stderr, flush=True)
+        model, settings, chat_args = chat_model(rest, ours.max_new_tokens,
+                                                lambda line: print(f"  {line}", file=sys.stderr, flush=True))
+        d = model.description
+        print(f"ready in {time.perf_counter() - t0:.0f} s: {d['target']} · draft: {d['draft']} · drafter "
+              f"{d['drafter']} · overlap {d['overlap']}", file=sys.stderr, flush=True)
 
         def log(t: TurnRecord):
             print(f"chat {t.chat} turn {t.turn}: {t.tokens} tokens ({t.tokens_total} in all), context {t.context}, "
@@ -373,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"threads {t.py_threads}/{t.os_threads}, {t.seconds:.0f} s, prefill {t.prefill_tokens}, K {t.k_mean}, "
                   f"kv {t.kv}", file=sys.stderr, flush=True)
 
-        result = run_soak(session, settings, tokens=ours.tokens, messages=user_messages(), context=ours.context,
+        result = run_soak(model, settings, tokens=ours.tokens, messages=user_messages(), context=ours.context,
                           system=chat_args.system, log=log)
     except (EdgespecError, ValueError) as err:
         print(f"soak: error: {err}", file=sys.stderr)
@@ -381,9 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarise(result, warmup_tokens=ours.warmup_tokens)
     machine = describe()
     meta = {"command": "python scripts/soak.py " + " ".join(argv), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "target": session.target_description, "draft": session.draft_description or "none",
-            "overlap": session.engine.overlap,
-            "settings": {k: v for k, v in asdict(settings).items() if k in ("temperature", "max_new_tokens", "k")},
+            "drives": "`cli.load_chat_model`, then `Model.chat(history, system=, stream=True, cancel=, **settings)` "
+                      "each turn",
+            "target": d["target"], "draft": d["draft"] or "none", "drafter": d["drafter"], "overlap": d["overlap"],
+            "settings": {k: settings[k] for k in ("temperature", "max_tokens", "k")},
             "machine": f"{machine.cpu_model}, {machine.cores_usable} usable cores",
             "load_start": load_start, "load_end": [round(x, 2) for x in os.getloadavg()]}
     write_report(Path(ours.out), result, summary, meta)
