@@ -61,6 +61,8 @@ def parse_args(argv=None):
     p.add_argument("--memory-max-tokens", type=int, default=32)
     p.add_argument("--ttft-prompt-tokens", type=int, default=100)
     p.add_argument("--startup-timeout", type=float, default=900)
+    p.add_argument("--parts", default="overhead,ttft,load,memory",
+                   help="which measurements to run, comma-separated (default: all four)")
     args = p.parse_args(argv)
     args.model_opts = model_opts
     return args
@@ -167,8 +169,10 @@ def generate_once(args) -> dict:
 def overhead(args, served: Served) -> dict:
     client = served.client()
     stream_once(client, served.model, PROMPT, 16, args.k)  # warm-up
-    server_runs = [stream_once(client, served.model, PROMPT, args.max_tokens, args.k) for _ in range(args.repeats)]
-    gen_runs = [generate_once(args) for _ in range(args.repeats)]
+    server_runs, gen_runs = [], []
+    for _ in range(args.repeats):  # interleaved, so a drift in the machine's speed falls on both sides alike
+        server_runs.append(stream_once(client, served.model, PROMPT, args.max_tokens, args.k))
+        gen_runs.append(generate_once(args))
     if any(r["decode_tokens_per_s"] is None for r in [*server_runs, *gen_runs]):
         sys.exit(f"serve_load: the overhead prompt gave fewer than 2 tokens ({[r['tokens'] for r in server_runs]}); "
                  "nothing to time with these models")
@@ -301,7 +305,11 @@ def main(argv=None) -> int:
     try:
         result = {"command": served.command, "k": args.k, "max_tokens": args.max_tokens,
                   "machine": f"{os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB"}
-        for name, fn in (("overhead", overhead), ("ttft", ttft), ("load", load), ("memory", memory)):
+        parts = {"overhead": overhead, "ttft": ttft, "load": load, "memory": memory}
+        unknown = set(args.parts.split(",")) - set(parts)
+        if unknown:
+            sys.exit(f"serve_load: unknown --parts {', '.join(sorted(unknown))}: use {', '.join(parts)}")
+        for name, fn in ((n, f) for n, f in parts.items() if n in args.parts.split(",")):
             print(f"serve_load: {name} ...", file=sys.stderr, flush=True)
             result[name] = fn(args, served)
     finally:
