@@ -61,6 +61,8 @@ def parse_args(argv=None):
     p.add_argument("--memory-max-tokens", type=int, default=32)
     p.add_argument("--ttft-prompt-tokens", type=int, default=100)
     p.add_argument("--startup-timeout", type=float, default=900)
+    p.add_argument("--stream-interval", type=int, default=None,
+                   help="edgespec serve's --stream-interval (ms between streamed events; default: serve's own)")
     p.add_argument("--parts", default="overhead,ttft,load,memory",
                    help="which measurements to run, comma-separated (default: all four)")
     args = p.parse_args(argv)
@@ -85,6 +87,8 @@ class Served:
         self.log = Path(args.out) / "serve.log"
         cmd = [sys.executable, "-m", "edgespec", "serve", *args.model_opts, "--k", args.k, "--port", str(self.port),
                "--max-queue", str(max(args.clients, 4)), "--log-level", "warning"]
+        if args.stream_interval is not None:
+            cmd += ["--stream-interval", str(args.stream_interval)]
         self._log_file = self.log.open("w")
         self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, cwd=ROOT)
         self.command = " ".join(cmd[1:])
@@ -274,14 +278,15 @@ def _strip(runs: list[dict]) -> list[dict]:
 
 
 def markdown(result: dict) -> str:
+    head = ["# edgespec serve: load measurements", "",
+            f"`{result['command']}` (K {result['k']}, greedy), {result['machine']}.", "",
+            "| measurement | value | goal |", "|---|---|---|"]
+    if not all(p in result for p in ("overhead", "ttft", "load", "memory")):  # --parts: the raw numbers only
+        return "\n".join(head[:4] + ["```json", json.dumps({k: v for k, v in result.items() if k in (
+            "overhead", "ttft", "load", "memory")}, indent=2)[:4000], "```", ""])
     o, t, lo, m = result["overhead"], result["ttft"], result["load"], result["memory"]
     return "\n".join([
-        "# edgespec serve: load measurements",
-        "",
-        f"`{result['command']}` (K {result['k']}, greedy), {result['machine']}.",
-        "",
-        "| measurement | value | goal |",
-        "|---|---|---|",
+        *head,
         f"| one streaming client, decode tok/s (client-side) | {o['server_client_decode_tokens_per_s']:.1f} | |",
         f"| the same inside the server (engine) | {o['server_engine_decode_tokens_per_s']:.1f} | |",
         f"| `edgespec generate`, decode tok/s | {o['generate_decode_tokens_per_s']:.1f} | |",
