@@ -2,6 +2,8 @@
 
 `SpecMetrics` is filled from the engine's `Step`s and returned as data (`to_dict`); it prints nothing.
 acceptance_rate = num_accepted_tokens / num_draft_tokens; tau = emitted tokens / target forward passes.
+`Chunk` is one streamed round (text pieces tagged DRAFT or TARGET, with the metrics so far): it lives here, beside
+its metrics, so that a front end without the engine (edgespec.remote) streams the same type as edgespec.session.
 """
 
 from __future__ import annotations
@@ -103,3 +105,23 @@ def _count_first(counts: list[int], n: int, *, size: int = 0) -> None:
     counts.extend([0] * (max(n, size) - len(counts)))
     for i in range(n):
         counts[i] += 1
+
+
+DRAFT = "draft"
+TARGET = "target"
+
+
+@dataclass
+class Chunk:
+    """What one engine round added: text pieces tagged DRAFT or TARGET, and the metrics so far."""
+
+    pieces: list[tuple[str, str]]
+    k: int
+    metrics: SpecMetrics
+    stop_reason: str | None = None
+    token_ids: list[int] = field(default_factory=list)  # the ids this round emitted
+    notice: str | None = None  # e.g. the drafter failed: the rest of the answer on the target alone
+
+    @property
+    def text(self) -> str:
+        return "".join(t for t, _ in self.pieces)

@@ -27,25 +27,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .errors import EdgespecError
-from .metrics import SpecMetrics
+from .metrics import TARGET, Chunk, SpecMetrics
 
-TARGET = "target"  # as edgespec.session.TARGET (that module imports the engine, and torch)
 CONNECT_TIMEOUT = 30.0  # s: to connect, and for the small requests at start (the answers wait as long as they must)
 CANCEL_POLL = 0.05  # s: how often a streaming answer looks at its cancel event (as edgespec.api.FairLock)
-
-
-@dataclass
-class Chunk:
-    """What the app reads of `edgespec.session.Chunk`: the pieces of one event, K, the metrics, the stop reason."""
-
-    pieces: list[tuple[str, str]]
-    k: int
-    metrics: SpecMetrics
-    stop_reason: str | None = None
-
-    @property
-    def text(self) -> str:
-        return "".join(t for t, _ in self.pieces)
 
 
 @dataclass(frozen=True)

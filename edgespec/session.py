@@ -15,13 +15,10 @@ from dataclasses import dataclass, field, replace
 
 from .engine import SpeculativeEngine
 from .errors import EdgespecError
-from .metrics import SpecMetrics
+from .metrics import DRAFT, TARGET, Chunk, SpecMetrics
 from .policy import FixedK, KPolicy, check_k
 from .sampling import SamplingParams
 from .text import TextStream
-
-DRAFT = "draft"
-TARGET = "target"
 
 
 @dataclass(frozen=True)
@@ -42,22 +39,6 @@ class Settings:
 
     def with_(self, **changes) -> Settings:
         return replace(self, **changes)
-
-
-@dataclass
-class Chunk:
-    """What one engine round added: text pieces tagged DRAFT or TARGET, and the metrics so far."""
-
-    pieces: list[tuple[str, str]]
-    k: int
-    metrics: SpecMetrics
-    stop_reason: str | None = None
-    token_ids: list[int] = field(default_factory=list)  # the ids this round emitted
-    notice: str | None = None  # e.g. the drafter failed: the rest of the answer on the target alone
-
-    @property
-    def text(self) -> str:
-        return "".join(t for t, _ in self.pieces)
 
 
 @dataclass
