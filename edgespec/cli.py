@@ -355,8 +355,20 @@ def check_server_args(args: argparse.Namespace) -> None:
     args.api_key = args.api_key or os.environ.get("EDGESPEC_API_KEY") or None
 
 
+def chat_settings(args: argparse.Namespace) -> dict:
+    """The chat's turn settings from its command line, validated as the settings dialog validates them (a bad
+    value is the dialog's one-line message)."""
+    from tui.settings import parse_settings
+
+    try:
+        return parse_settings({"temperature": str(args.temperature), "top_p": str(args.top_p),
+                               "max_new_tokens": str(args.max_new_tokens), "k": str(args.k)})
+    except ValueError as err:
+        raise EdgespecError(str(err)) from None
+
+
 def cmd_chat(args: argparse.Namespace) -> int:
-    # tui imports edgespec, never the reverse: only this function knows it exists.
+    # tui imports edgespec, never the reverse: only the chat's functions (this one, chat_settings) know it exists.
     from tui.history import (
         CorruptChat,
         format_chat_list,
@@ -364,17 +376,12 @@ def cmd_chat(args: argparse.Namespace) -> int:
         list_chats,
         load_chat,
     )
-    from tui.settings import parse_settings
 
     if args.list:
         print(format_chat_list(list_chats()))
         return 0
     check_server_args(args)
-    try:
-        settings = parse_settings({"temperature": str(args.temperature), "top_p": str(args.top_p),
-                                   "max_new_tokens": str(args.max_new_tokens), "k": str(args.k)})
-    except ValueError as err:
-        raise EdgespecError(str(err)) from None
+    settings = chat_settings(args)
     record, warning = None, None
     if args.resume is not None:
         chat_id = args.resume or latest_chat_id()

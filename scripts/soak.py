@@ -148,18 +148,12 @@ def chat_model(options: list[str], max_new_tokens: int, progress):
     app make them: the chat's parser and `check_args` (cli.main), the settings dialog's validation over
     `DEFAULT_SETTINGS` (cli.cmd_chat, `ChatApp`), `request_settings` (each turn's `Model.chat` keywords) and the
     app's factory `load_chat_model`. Returns (model, settings, parsed arguments)."""
-    from edgespec.cli import build_parser, check_args, load_chat_model
+    from edgespec.cli import build_parser, chat_settings, check_args, load_chat_model
     from tui.app import DEFAULT_SETTINGS, request_settings
-    from tui.settings import parse_settings
 
     args = build_parser().parse_args(["chat", "--max-new-tokens", str(max_new_tokens), *options])
     check_args(args)
-    try:
-        values = parse_settings({"temperature": str(args.temperature), "top_p": str(args.top_p),
-                                 "max_new_tokens": str(args.max_new_tokens), "k": str(args.k)})
-    except ValueError as err:
-        raise EdgespecError(str(err)) from None
-    settings = request_settings({**DEFAULT_SETTINGS, **values})
+    settings = request_settings({**DEFAULT_SETTINGS, **chat_settings(args)})
     return load_chat_model(args, progress), settings, args
 
 
