@@ -9,6 +9,12 @@ has for its format on this CPU (or GPU, in a CUDA/Metal build). One sequence, on
   partly removed, so such models are refused at load with a one-line error.
 - threads: llama.cpp uses `threads` for one-token steps and `batch_threads` for steps of several tokens
   (verification, prefill); both default to every core this process may use.
+- one thread of ours calls llama.cpp (`Runner`): llama.cpp's CPU kernels run in an OpenMP team that belongs to
+  the calling thread, and GNU OpenMP stops spinning at its barriers as soon as the teams alive in the process
+  hold more threads than there are cores. So a program that asked from two long-lived threads (the main one,
+  then a worker pool's) made every step wait on futexes: 35% slower on 2 cores (docs/serve.md). All models
+  that use several threads hand their steps to one long-lived thread instead (an overlapped drafter, which must
+  run beside the target, gets its own); a one-thread model makes no team and is called directly.
 
 Installed with the `llamacpp` extra (llama-cpp-python compiles llama.cpp at install).
 """
@@ -16,6 +22,8 @@ Installed with the `llamacpp` extra (llama-cpp-python compiles llama.cpp at inst
 from __future__ import annotations
 
 import ctypes
+import queue
+import sys
 import threading
 from pathlib import Path
 
@@ -30,6 +38,65 @@ DEFAULT_CONTEXT = 8192  # the KV cache is allocated up front: at most this many 
 _backend_lock = threading.Lock()
 _backend_ready = False
 _log_callback = None  # kept referenced: llama.cpp calls it from C
+
+
+class Runner:
+    """One long-lived thread that makes the llama.cpp calls handed to it, in order (see the module's text)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+
+    def call(self, fn, *args):
+        """`fn(*args)` on the runner's thread; its result or its exception here. The call runs to its end even
+        if this thread is interrupted while it waits (Ctrl-C), so the model's state stays whole."""
+        if threading.current_thread() is self._thread:
+            return fn(*args)
+        self._ensure_started()
+        done = threading.Lock()
+        done.acquire()
+        box: list = []
+        self._calls.put((fn, args, box, done))
+        try:
+            done.acquire()
+        except BaseException:  # Ctrl-C: let the call in flight end (a second one stops waiting for it)
+            done.acquire()
+            raise
+        ok, value = box
+        if ok:
+            return value
+        raise value
+
+    def _ensure_started(self) -> None:
+        with self._start_lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
+                self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            fn, args, box, done = self._calls.get()
+            try:
+                box[:] = [True, fn(*args)]
+            except BaseException as err:  # noqa: BLE001 - handed to the caller
+                box[:] = [False, err]
+            finally:
+                del fn, args
+                done.release()
+
+
+_RUNNERS: dict[str, Runner] = {}
+_RUNNERS_LOCK = threading.Lock()
+
+
+def runner(name: str = "llama.cpp") -> Runner:
+    """The process's runner of that name: "llama.cpp" for every model, "llama.cpp draft" for an overlapped drafter."""
+    with _RUNNERS_LOCK:
+        if name not in _RUNNERS:
+            _RUNNERS[name] = Runner(f"edgespec-{name.replace(' ', '-').replace('.', '')}")
+        return _RUNNERS[name]
 
 
 def import_llama_cpp():
@@ -85,7 +152,7 @@ class LlamaCppLM:
 
     def __init__(self, path: str | Path, *, n_ctx: int | None = None, threads: int | None = None,
                  batch_threads: int | None = None, n_batch: int = 512, device: str = "cpu", name: str = "model",
-                 min_rows: int = 1):
+                 min_rows: int = 1, runner_name: str = "llama.cpp"):
         from .onnx_lm import default_threads
 
         llama_cpp = import_llama_cpp()
@@ -126,6 +193,8 @@ class LlamaCppLM:
         self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model)))
         self.max_context = int(llama_cpp.llama_n_ctx(self._ctx))
         self.threads, self.batch_threads = threads, batch_threads
+        # several threads: an OpenMP team, so the steps go to the process's long-lived llama.cpp thread
+        self._runner = runner(runner_name) if max(threads, batch_threads) > 1 else None
         self.device = device
         self.path = path
         self.min_rows = int(min_rows)
@@ -144,7 +213,13 @@ class LlamaCppLM:
     def reserve(self, total: int) -> None:
         """Nothing to do: the KV cache is allocated for `max_context` tokens when the model loads."""
 
+    def _call(self, fn, *args):
+        return fn(*args) if self._runner is None else self._runner.call(fn, *args)
+
     def reset(self) -> None:
+        self._call(self._reset)
+
+    def _reset(self) -> None:
         self._ll.llama_memory_clear(self._mem, True)
         self._length = 0
 
@@ -152,10 +227,13 @@ class LlamaCppLM:
         if not 0 <= length <= self._length:
             raise ValueError(f"cannot crop a cache of {self._length} tokens to {length}")
         if length < self._length:
-            if not self._ll.llama_memory_seq_rm(self._mem, 0, length, -1):
-                raise EdgespecError(f"llama.cpp could not roll its cache back to {length} tokens "
-                                    f"({self.model_desc}); use --no-spec with this model")
-            self._length = length
+            self._call(self._crop, length)
+
+    def _crop(self, length: int) -> None:
+        if not self._ll.llama_memory_seq_rm(self._mem, 0, length, -1):
+            raise EdgespecError(f"llama.cpp could not roll its cache back to {length} tokens "
+                                f"({self.model_desc}); use --no-spec with this model")
+        self._length = length
 
     def feed(self, ids: list[int], logits_for: int) -> torch.Tensor:
         if not ids:
@@ -164,6 +242,10 @@ class LlamaCppLM:
         check_feed(n, logits_for, self._length, self.max_context)
         if n < self.min_rows and self._length + self.min_rows <= self.max_context:
             return feed_padded(self, ids, logits_for)
+        return self._call(self._feed, ids, logits_for)
+
+    def _feed(self, ids: list[int], logits_for: int) -> torch.Tensor:
+        n = len(ids)
         out = np.empty((logits_for, self.vocab_size), dtype=np.float32)
         first_out, got = n - logits_for, 0
         batch = self._batch
@@ -193,6 +275,13 @@ class LlamaCppLM:
         return torch.from_numpy(out)
 
     def close(self) -> None:
+        runner_ = getattr(self, "_runner", None)
+        if runner_ is not None and runner_._thread is not None and runner_._thread.is_alive():
+            runner_.call(self._close)  # after any step still running on it
+        else:
+            self._close()
+
+    def _close(self) -> None:
         ll = self._ll
         if getattr(self, "_batch", None) is not None:
             ll.llama_batch_free(self._batch)
@@ -205,6 +294,8 @@ class LlamaCppLM:
             self._model = None
 
     def __del__(self):
+        if sys.is_finalizing():  # the runner thread may be frozen already; the process frees it all anyway
+            return
         try:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown: the process frees it anyway

@@ -227,6 +227,7 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
         draft_description = f"{draft_label} · {draft_lm.description}"
 
     eos = _eos_ids(target_source, tokenizer)
+    torch_threads(backend == "torch" or _lm_backend(drafter_name) == "torch")  # after every conversion
     progress("ready")
     engine = SpeculativeEngine(_target(target_lm, target_device if backend == "torch" else "cpu"), drafter,
                                eos_token_ids=eos, overlap=bool(spec.overlap))
@@ -393,9 +394,32 @@ _MEMORY_FIX = {  # what to do when a model does not fit where it is about to loa
 }
 
 
+_TORCH_THREADS: int | None = None  # torch's own intra-op thread count while edgespec keeps it at 1
+
+
+def torch_threads(models_in_torch: bool) -> None:
+    """torch at one intra-op thread while no model of the process runs in torch (only the rule's small ops do),
+    torch's own count back when one does. llama.cpp's kernels and torch share one GNU OpenMP runtime, which stops
+    spinning at its barriers once the live OpenMP teams hold more threads than there are cores: torch's team in
+    a caller's thread beside llama.cpp's on its runner thread made every step 35-45% slower on 2 cores
+    (docs/serve.md, "Threads")."""
+    global _TORCH_THREADS
+    import torch
+
+    if models_in_torch:
+        if _TORCH_THREADS is not None:
+            torch.set_num_threads(_TORCH_THREADS)
+            _TORCH_THREADS = None
+    elif _TORCH_THREADS is None:
+        _TORCH_THREADS = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+
 def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onnx_precision: str, role: str, progress):
     from .budget import check_before_loading, onnx_need, torch_need_for
 
+    if backend == "torch":
+        torch_threads(True)
     if backend == "llamacpp":
         from .llamacpp_lm import LlamaCppLM
 
@@ -403,7 +427,10 @@ def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onn
             raise EdgespecError(f"the llama.cpp backend runs GGUF files and this {role} is not one; "
                                 "use --target-backend onnx or torch")
         threads = spec.draft_threads or spec.threads if role == "draft" else spec.threads
-        return LlamaCppLM(source.gguf, threads=threads, device="cpu" if device == "cpu" else "gpu", name=role)
+        # an overlapped drafter steps beside the target, so not on the target's llama.cpp thread
+        runner = "llama.cpp draft" if role == "draft" and spec.overlap else "llama.cpp"
+        return LlamaCppLM(source.gguf, threads=threads, device="cpu" if device == "cpu" else "gpu", name=role,
+                          runner_name=runner)
     if backend == "torch":
         from .lm import TorchLM
         from .loading import load_causal_lm

@@ -14,6 +14,15 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny import perturbed, save_tiny_checkpoint, tiny_llama  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _torch_threads_restored():
+    """A llama.cpp runtime keeps torch at one thread (edgespec.runtime.torch_threads): not for the next test."""
+    yield
+    from edgespec import runtime
+
+    runtime.torch_threads(True)
+
+
 @pytest.fixture(scope="session")
 def tiny_target():
     return tiny_llama(vocab_size=32, seed=0)

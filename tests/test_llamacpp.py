@@ -191,3 +191,109 @@ def test_exact_mode_pads_short_steps_and_keeps_their_own_rows(gguf):
     lm.crop(12)
     several = lm.feed(ids[12:16], 4)
     assert int(one[0].argmax()) == int(several[0].argmax())
+
+
+class _Recording:
+    """llama_cpp with `llama_decode` noting the thread that called it."""
+
+    def __init__(self, real):
+        self._real = real
+        self.threads: list[int] = []
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+    def llama_decode(self, ctx, batch):
+        import threading
+
+        self.threads.append(threading.get_ident())
+        return self._real.llama_decode(ctx, batch)
+
+
+def test_every_step_of_a_several_thread_model_runs_on_one_long_lived_thread(gguf):
+    """llama.cpp's OpenMP team belongs to the thread that calls it, and GNU OpenMP stops spinning once the live
+    teams outnumber the cores: steps asked for from the main thread and then from a pool's thread must still
+    all run on one thread of ours (edgespec.llamacpp_lm.Runner), and a one-thread model (no team) is called
+    directly."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from edgespec import llamacpp_lm
+
+    lm = LlamaCppLM(gguf, n_ctx=256, threads=2)
+    rec = lm._ll = _Recording(lm._ll)
+    prompt = [1, 504, 3458, 282, 4649, 314]
+    expected = lm.feed(prompt, 1)  # from the main thread
+    lm.reset()
+    with ThreadPoolExecutor(2) as pool:
+        got = pool.submit(lm.feed, prompt, 1).result()
+        pool.submit(lm.crop, 3).result()
+        assert lm.length == 3
+        pool.submit(lm.feed, prompt[3:], 1).result()
+    assert torch.equal(got, expected)
+    assert len(rec.threads) == 3 and len(set(rec.threads)) == 1
+    runner = llamacpp_lm.runner()
+    assert rec.threads[0] == runner._thread.ident != threading.get_ident()
+    lm.close()
+
+    one = LlamaCppLM(gguf, n_ctx=256, threads=1, batch_threads=1)
+    rec = one._ll = _Recording(one._ll)
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(one.feed, prompt, 1).result()
+        caller = pool.submit(threading.get_ident).result()
+    assert rec.threads == [caller]
+    one.close()
+
+
+def test_an_error_on_the_runner_thread_reaches_the_caller_and_the_model_stays_usable(gguf):
+    class Failing(_Recording):
+        def llama_decode(self, ctx, batch):
+            super().llama_decode(ctx, batch)  # decoded, as far as llama.cpp is concerned, but reported failed
+            return -3
+
+    lm = LlamaCppLM(gguf, n_ctx=64, threads=2)
+    lm.feed([1, 504, 3458, 282], 0)
+    real, lm._ll = lm._ll, Failing(lm._ll)
+    with pytest.raises(EdgespecError, match="could not decode 2 tokens at position 4"):
+        lm.feed([4649, 314], 1)
+    lm._ll = real
+    assert lm.length == 4  # the failed feed's tokens dropped
+    after = lm.feed([4649, 314], 1)
+    lm.reset()
+    fresh = lm.feed([1, 504, 3458, 282, 4649, 314], 1)
+    assert int(after.argmax()) == int(fresh.argmax()) and torch.allclose(after, fresh, atol=0.05, rtol=0)
+    lm.close()
+
+
+def test_an_overlapped_llama_cpp_drafter_steps_on_a_thread_of_its_own():
+    from edgespec.llamacpp_lm import runner
+
+    def built(overlap):
+        rt = build_runtime(RuntimeSpec(pair="smollm2-135m", draft="llamacpp", target_device="cpu", threads=2,
+                                       draft_threads=2, overlap=overlap), progress=lambda _: None)
+        return rt.engine.target.lm._runner, rt.engine.drafter.lm._runner
+
+    target, draft = built(True)  # drafting beside the target: not behind its steps on one thread
+    assert target is runner() and draft is runner("llama.cpp draft")
+    target, draft = built(False)  # one after the other: one thread, one OpenMP team
+    assert target is draft is runner()
+
+
+def test_torch_keeps_one_thread_while_no_model_runs_in_it(tiny_checkpoints):
+    """Only the rule's small ops run in torch beside a llama.cpp target, so torch makes no OpenMP team of its
+    own (it shares GNU OpenMP with llama.cpp: a second team throttles both); a torch model gets its threads back."""
+    from edgespec import runtime
+
+    before = torch.get_num_threads()
+    if before < 2:
+        pytest.skip("torch has one thread here anyway")
+    try:
+        build_runtime(RuntimeSpec(pair="smollm2-135m", draft="ngram", target_device="cpu", threads=2),
+                      progress=lambda _: None)
+        assert torch.get_num_threads() == 1
+        build_runtime(RuntimeSpec(target=str(tiny_checkpoints["target"]), draft="ngram", target_backend="torch",
+                                  target_device="cpu"), progress=lambda _: None)
+        assert torch.get_num_threads() == before
+    finally:
+        runtime.torch_threads(True)
+    assert torch.get_num_threads() == before
