@@ -47,3 +47,34 @@ def test_bad_params_are_one_line_errors(kwargs):
     with pytest.raises(EdgespecError) as err:
         SamplingParams(**kwargs)
     assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("spread,top_p", [(4.0, 0.9), (4.0, 0.5), (0.2, 0.95), (0.2, 0.3)])
+def test_top_p_among_the_most_likely_tokens_equals_the_whole_sort(monkeypatch, spread, top_p):
+    """A real vocabulary (152k for Qwen) looks for the nucleus among the TOP_P_CANDIDATES most likely tokens first
+    (a peaked row: there), a flat row falls back to the whole sort: both bitwise what the whole sort gives."""
+    from edgespec import sampling
+
+    torch.manual_seed(0)
+    logits = torch.randn(5, 20_000) * spread
+    params = SamplingParams(temperature=0.7, top_p=top_p)
+    fast = probs_from_logits(logits, params)
+    monkeypatch.setattr(sampling, "TOP_P_CANDIDATES", 20_000)  # the whole sort, as before
+    whole = probs_from_logits(logits, params)
+    assert torch.equal(fast, whole)
+    kept = (fast > 0).sum(-1)
+    assert (kept >= 1).all() and (kept < 20_000).all()
+
+
+def test_top_p_finds_the_nucleus_among_the_candidates_when_it_is_there(monkeypatch):
+    from edgespec import sampling
+
+    calls = []
+    real_sort = torch.sort
+    monkeypatch.setattr(torch, "sort", lambda *a, **k: calls.append(1) or real_sort(*a, **k))
+    logits = torch.zeros(2, 20_000)
+    logits[:, :10] = 20.0  # ten tokens hold nearly all the mass
+    p = sampling.probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=0.9))
+    assert not calls and ((p > 0).sum(-1) == 10).all()
+    flat = sampling.probs_from_logits(torch.zeros(1, 20_000), SamplingParams(temperature=1.0, top_p=0.9))
+    assert calls and int((flat > 0).sum()) in range(17_999, 18_002)  # 90% of a flat row: the whole sort's answer
