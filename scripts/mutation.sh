@@ -33,7 +33,9 @@ config_for() {  # the [mutmut] section of setup.cfg for one group
                   tests="tests/test_verify.py tests/test_sampling.py tests/test_properties.py tests/test_mutants.py -k 'not engine'" ;;
         engine)   only="edgespec/engine.py"
                   tests="tests/test_engine.py tests/test_overlap.py tests/test_pieces.py tests/test_early_stop.py tests/test_notices.py tests/test_mutants.py tests/test_device_contract.py -k '$ENGINE_SLOW'" ;;
-        drafters) only="edgespec/drafters/*.py"
+        # not drafters/base.py: mutmut's trampolines add names to the Drafter Protocol's members, so no drafter
+        # passes isinstance(..., Drafter) any more and the clean run fails (test_pieces); it holds no logic
+        drafters) only="edgespec/drafters/__init__.py edgespec/drafters/guard.py edgespec/drafters/model.py edgespec/drafters/ngram.py"
                   tests="tests/test_engine.py tests/test_overlap.py tests/test_pieces.py tests/test_early_stop.py tests/test_notices.py -k '$ENGINE_SLOW'" ;;
         policy)   only="edgespec/policy.py edgespec/costmodel.py"
                   tests="tests/test_policy.py tests/test_costmodel.py" ;;
