@@ -69,9 +69,13 @@ class Runner:
             return value
         raise value
 
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def _ensure_started(self) -> None:
         with self._start_lock:
-            if self._thread is None or not self._thread.is_alive():
+            if not self.running:
                 self._thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
                 self._thread.start()
 
@@ -276,7 +280,7 @@ class LlamaCppLM:
 
     def close(self) -> None:
         runner_ = getattr(self, "_runner", None)
-        if runner_ is not None and runner_._thread is not None and runner_._thread.is_alive():
+        if runner_ is not None and runner_.running:
             runner_.call(self._close)  # after any step still running on it
         else:
             self._close()

@@ -63,18 +63,18 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     """Zero every token after the one whose running mass (most likely first) reaches `top_p`, and renormalise.
     Sorting a 152k vocabulary takes ~14 ms a row on a CPU core, several rows a round, so the nucleus is looked
     for among the `TOP_P_CANDIDATES` most likely tokens first; it is there whenever their mass reaches `top_p`
-    (the same numbers as the whole sort: the same values summed in the same order)."""
+    (bitwise the whole sort's result for distinct probabilities: the same values summed in the same order;
+    where tokens tie at the cut, which of them are kept depends on the order topk or sort leaves ties in, as
+    it already did between sorts: as many tokens, the same mass up to rounding)."""
     vocab = probs.shape[-1]
-    if TOP_P_CANDIDATES < vocab:
+    whole = TOP_P_CANDIDATES >= vocab
+    if not whole:
         top, order = torch.topk(probs, TOP_P_CANDIDATES, dim=-1)
         running = torch.cumsum(top, dim=-1)
-        if bool((running[..., -1] >= top_p).all()):
-            keep = (running - top) < top_p  # the crossing token has mass before it < top_p: kept
-            kept = torch.zeros_like(probs).scatter(-1, order, top * keep)
-            return kept / kept.sum(-1, keepdim=True)
-    sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
-    mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-    drop_sorted = mass_before >= top_p  # the crossing token has mass_before < top_p: kept
-    drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
-    probs = probs.masked_fill(drop, 0.0)
-    return probs / probs.sum(-1, keepdim=True)
+        whole = not bool((running[..., -1] >= top_p).all())
+    if whole:
+        top, order = torch.sort(probs, dim=-1, descending=True)
+        running = torch.cumsum(top, dim=-1)
+    keep = (running - top) < top_p  # the crossing token has mass before it < top_p: kept
+    kept = torch.zeros_like(probs).scatter(-1, order, top * keep)
+    return kept / kept.sum(-1, keepdim=True)
