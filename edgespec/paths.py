@@ -18,9 +18,7 @@ def cache_dir() -> Path:
     """The root of edgespec's cache; created on first use."""
     import platformdirs  # late: a bare environment (the GPU script's) only needs it when no override is set
 
-    root = Path(os.environ.get("EDGESPEC_CACHE") or platformdirs.user_cache_dir("edgespec"))
-    root.mkdir(parents=True, exist_ok=True)
-    return root
+    return _made(os.environ.get("EDGESPEC_CACHE"), platformdirs.user_cache_dir("edgespec"), "EDGESPEC_CACHE", "cache")
 
 
 def user_path(text: str | Path, what: str) -> Path:
@@ -52,6 +50,19 @@ def data_dir() -> Path:
     """The user data dir (chat history and the like); `EDGESPEC_DATA` overrides it."""
     import platformdirs
 
-    root = Path(os.environ.get("EDGESPEC_DATA") or platformdirs.user_data_dir("edgespec"))
-    root.mkdir(parents=True, exist_ok=True)
+    return _made(os.environ.get("EDGESPEC_DATA"), platformdirs.user_data_dir("edgespec"), "EDGESPEC_DATA", "data")
+
+
+def _made(override: str | None, default: str, env: str, what: str) -> Path:
+    """The folder `override` (from `env`) or `default`, created; a one-line EdgespecError where it cannot be (a
+    file of that name, no permission, a read-only disk)."""
+    root = user_path(override, env) if override else Path(default)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        from .errors import EdgespecError
+
+        why = "a file is in its way" if root.exists() and not root.is_dir() else err.strerror
+        fix = f"point {env} at a folder you can write" if override else f"make it writable or set {env}"
+        raise EdgespecError(f"cannot use {root} as edgespec's {what} folder ({why}); {fix}") from None
     return root

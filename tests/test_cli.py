@@ -367,3 +367,22 @@ def test_profile_on_one_core_measures_no_split(tiny_checkpoints, tmp_path, monke
     assert seen["beside"] == [] and seen["alone"]
     assert "one usable core: overlapped drafting is not measured" in capsys.readouterr().err
     assert all("overlap" not in prof.choice(band) for band in profiling.BANDS)
+
+
+@pytest.mark.parametrize("env, argv, what", [
+    ("EDGESPEC_DATA", ("chat", "--list"), "data"),
+    ("EDGESPEC_CACHE", ("prepare",), "cache"),
+])
+@pytest.mark.parametrize("blocked", ["file", "under_a_file"])
+def test_a_data_or_cache_folder_that_cannot_be_made_is_a_one_line_error(env, argv, what, blocked, tmp_path, capsys,
+                                                                        monkeypatch):
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("not a folder")
+    monkeypatch.setenv(env, str(in_the_way if blocked == "file" else in_the_way / "below"))
+    code, out, err = run_main(capsys, *argv)
+    assert code == 2 and "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("edgespec: error:")]
+    assert len(errors) == 1 and err.endswith(errors[0] + "\n")
+    assert f"edgespec's {what} folder" in errors[0] and f"point {env} at a folder" in errors[0]
+    assert ("a file is in its way" in errors[0]) == (blocked == "file")
+    assert in_the_way.read_text() == "not a folder"  # nothing of the user's overwritten
