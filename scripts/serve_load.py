@@ -16,7 +16,10 @@ threads). It starts `edgespec serve` on a free loopback port and measures, with 
 3. load: --clients streaming clients at once, --rounds times: p50/p99 time to first token (from sending) and the
    total throughput (completion tokens over the rounds' wall time);
 4. memory: the server's RSS after a warm-up and after --requests short chat requests (4 clients at a time,
-   varied prompts from the bench set), sampled every 10% (goal: flat within 5%).
+   varied prompts from the bench set), sampled every 10% (goal: flat within 5%);
+5. intervals (only when asked: `--parts intervals --intervals 0,50`): one server per `--stream-interval`, all
+   started at once (an idle server takes no CPU), and generate and each server in turn --repeats times, with the
+   CPU seconds the server process and this client spent per token.
 
 Writes serve_load.json and serve_load.md to --out. A measurement: run it on a quiet machine.
 """
@@ -64,7 +67,9 @@ def parse_args(argv=None):
     p.add_argument("--stream-interval", type=int, default=None,
                    help="edgespec serve's --stream-interval (ms between streamed events; default: serve's own)")
     p.add_argument("--parts", default="overhead,ttft,load,memory",
-                   help="which measurements to run, comma-separated (default: all four)")
+                   help="which measurements to run, comma-separated (default: overhead,ttft,load,memory; also "
+                        "intervals)")
+    p.add_argument("--intervals", default="0,50", help="the --stream-interval values (ms) the intervals part compares")
     args = p.parse_args(argv)
     args.model_opts = model_opts
     return args
@@ -189,6 +194,46 @@ def overhead(args, served: Served) -> dict:
             "tokens": server_runs[0]["tokens"], "server_runs": _strip(server_runs), "generate_runs": _strip(gen_runs)}
 
 
+def intervals(args, _served: Served) -> dict:
+    """generate, then a streaming client of each server (one per --intervals value), in turn, --repeats times."""
+    servers = {}
+    try:
+        for ms in (int(v) for v in args.intervals.split(",")):
+            servers[ms] = Served(argparse.Namespace(**{**vars(args), "stream_interval": ms}))
+        clients = {ms: sv.client() for ms, sv in servers.items()}
+        for ms, sv in servers.items():
+            stream_once(clients[ms], sv.model, PROMPT, 16, args.k)  # warm-up
+        me = psutil.Process()
+        runs: dict = {"generate": [], **{f"serve {ms} ms": [] for ms in servers}}
+        for _ in range(args.repeats):
+            runs["generate"].append(generate_once(args))
+            for ms, sv in servers.items():
+                proc = psutil.Process(sv.proc.pid)
+                cpu0, mine0 = proc.cpu_times(), me.cpu_times()
+                r = stream_once(clients[ms], sv.model, PROMPT, args.max_tokens, args.k)
+                cpu1, mine1 = proc.cpu_times(), me.cpu_times()
+                r["server_cpu_ms_per_token"] = ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) * 1000 / r["tokens"]
+                r["client_cpu_ms_per_token"] = ((mine1.user + mine1.system) - (mine0.user + mine0.system)) * 1000 / r["tokens"]
+                runs[f"serve {ms} ms"].append(r)
+    finally:
+        for sv in servers.values():
+            sv.stop()
+    gen = [r["decode_tokens_per_s"] for r in runs["generate"]]
+    out = {"intervals_ms": list(servers), "repeats": args.repeats, "generate_median": statistics.median(gen)}
+    for name, rs in runs.items():
+        if name == "generate":
+            continue
+        tps = [r["decode_tokens_per_s"] for r in rs]
+        out[name] = {"decode_tokens_per_s_median": statistics.median(tps),
+                     "ratio_of_medians": statistics.median(tps) / statistics.median(gen),
+                     "median_paired_ratio": statistics.median(a / b for a, b in zip(tps, gen)),
+                     "server_cpu_ms_per_token_median": statistics.median(r["server_cpu_ms_per_token"] for r in rs),
+                     "client_cpu_ms_per_token_median": statistics.median(r["client_cpu_ms_per_token"] for r in rs),
+                     "same_text_as_generate": all(r["text"] == runs["generate"][0]["text"] for r in rs)}
+    out["runs"] = {name: [round(r["decode_tokens_per_s"], 2) for r in rs] for name, rs in runs.items()}
+    return out
+
+
 def ttft(args, served: Served) -> dict:
     ids = served.post("/tokenize", {"prompt": LONG_TEXT})["tokens"]
     n = args.ttft_prompt_tokens
@@ -283,7 +328,7 @@ def markdown(result: dict) -> str:
             "| measurement | value | goal |", "|---|---|---|"]
     if not all(p in result for p in ("overhead", "ttft", "load", "memory")):  # --parts: the raw numbers only
         return "\n".join(head[:4] + ["```json", json.dumps({k: v for k, v in result.items() if k in (
-            "overhead", "ttft", "load", "memory")}, indent=2)[:4000], "```", ""])
+            "overhead", "ttft", "load", "memory", "intervals")}, indent=2)[:4000], "```", ""])
     o, t, lo, m = result["overhead"], result["ttft"], result["load"], result["memory"]
     return "\n".join([
         *head,
@@ -306,11 +351,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    served = Served(args)
+    # the intervals part starts its own servers
+    served = Served(args) if set(args.parts.split(",")) - {"intervals"} else None
     try:
-        result = {"command": served.command, "k": args.k, "max_tokens": args.max_tokens,
+        result = {"command": served.command if served else "serve (one per --intervals value)", "k": args.k, "max_tokens": args.max_tokens,
                   "machine": f"{os.cpu_count()} CPUs, {psutil.virtual_memory().total / 2**30:.0f} GiB"}
-        parts = {"overhead": overhead, "ttft": ttft, "load": load, "memory": memory}
+        parts = {"overhead": overhead, "ttft": ttft, "load": load, "memory": memory, "intervals": intervals}
         unknown = set(args.parts.split(",")) - set(parts)
         if unknown:
             sys.exit(f"serve_load: unknown --parts {', '.join(sorted(unknown))}: use {', '.join(parts)}")
@@ -318,7 +364,8 @@ def main(argv=None) -> int:
             print(f"serve_load: {name} ...", file=sys.stderr, flush=True)
             result[name] = fn(args, served)
     finally:
-        served.stop()
+        if served:
+            served.stop()
     (out / "serve_load.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "serve_load.md").write_text(markdown(result))
     print(markdown(result))
