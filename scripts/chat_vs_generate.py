@@ -3,8 +3,8 @@
     python scripts/chat_vs_generate.py [--pair smollm2-135m] [--k 4] [--repeats 3]
 
 Runs the real `edgespec chat` app headless (Textual's run_test) with the real session factory, sends one prompt,
-reads the decode tokens/s the app's status bar shows, and compares it with `ChatSession.reply` driven directly
-(what `edgespec generate` runs), interleaved, median of repeats. A benchmark: run it on a quiet machine.
+reads the decode tokens/s the app's status bar shows, and compares it with `Model.chat` of the same loaded
+`edgespec.api.Model` driven directly (what `edgespec generate` runs), interleaved, median of repeats. A benchmark: run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ async def app_turn(factory, settings, first: bool, stream_interval: float | None
 
         # Textual also runs ChatApp's own handlers (it dispatches along the class hierarchy); these run
         # first, so the events are set once the app has handled the message.
-        def on_session_ready(self, message) -> None:
+        def on_model_ready(self, message) -> None:
             self.call_later(self.ready.set)
 
         def on_reply_done(self, message) -> None:
@@ -60,7 +60,8 @@ async def app_turn(factory, settings, first: bool, stream_interval: float | None
         ui_share = (_ui_cpu() - ui_cpu) / (time.perf_counter() - wall)
         await pilot.pause()
         text = app.query_one(AssistantMessage).text
-    return ready_at, ui_share, text, app
+        stats = app._stats  # what the status bar shows: the turn's TurnStats
+    return ready_at, ui_share, text, stats
 
 
 PROFILER = None
@@ -93,36 +94,33 @@ def main() -> None:
     started = psutil.Process().create_time()
     os.environ.setdefault("EDGESPEC_DATA", "/tmp/edgespec-chat-bench")
 
-    from edgespec.cli import build_parser
-    from edgespec.runtime import build_session
-    from edgespec.session import Settings
+    from edgespec.cli import build_parser, load_chat_model
 
     # The bare runs go to a thread started now, at normal priority: the app lowers this (main) thread's.
     bare = ThreadPoolExecutor(max_workers=1)
     bare.submit(lambda: None).result()
     extra = ["--threads", args.threads] if args.threads else []
     cli_args = build_parser().parse_args(["chat", "--pair", args.pair, "--k", args.k, "--target-device", "cpu", *extra])
-    sessions = []
+    models = []
 
-    def factory(progress):
-        if not sessions:
-            sessions.append(build_session(cli_args, progress=progress))
-        return sessions[0]
+    def factory(progress):  # what `edgespec chat` loads, once: each app run gets the same model
+        if not models:
+            models.append(load_chat_model(cli_args, progress))
+        return models[0]
 
     k = args.k if args.k == "auto" else int(args.k)
     settings = {"max_new_tokens": args.max_new_tokens, "k": k}
     app_tps, direct_tps, ui_shares, ready = [], [], [], None
     for rep in range(args.repeats):
-        ready_at, ui_share, text, _app = asyncio.run(app_turn(factory, settings, rep == 0, args.stream_interval, args.ui_nice))
+        ready_at, ui_share, text, stats = asyncio.run(app_turn(factory, settings, rep == 0, args.stream_interval, args.ui_nice))
         ui_shares.append(ui_share)
         if ready is None:
             ready = ready_at - started
-        m = sessions[0].last_metrics
-        app_tps.append(m.decode_tokens_per_s)
-        bare_settings = Settings(max_new_tokens=args.max_new_tokens, k=k)
-        chunks = bare.submit(lambda s=bare_settings: list(sessions[0].reply([{"role": "user", "content": PROMPT}], s))).result()
-        direct_tps.append(chunks[-1].metrics.decode_tokens_per_s)
-        assert "".join(c.text for c in chunks) == text, "the app showed different text"
+        app_tps.append(stats.decode_tokens_per_s)
+        answer = bare.submit(lambda: models[0].chat([{"role": "user", "content": PROMPT}], max_tokens=args.max_new_tokens,
+                                                    k=k)).result()
+        direct_tps.append(answer.metrics.decode_tokens_per_s)
+        assert answer.text == text, f"the app showed different text: {text!r} vs {answer.text!r}"
     a, d = statistics.median(app_tps), statistics.median(direct_tps)
     print(f"pair {args.pair}, K={args.k}, greedy, {args.max_new_tokens} new tokens max, {args.repeats} interleaved repeats")
     print(f"process start -> chat input ready (first app, warm cache): {ready:.2f} s")
