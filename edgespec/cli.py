@@ -153,6 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--draft", default=None, help="with --target: the draft model, given the same ways")
     pr.add_argument("--drafters", default=None,
                     help="comma list of model drafters to prepare (default: the pair's; int4 for --draft)")
+    pr.add_argument("--target-backend", default="auto", metavar="BACKEND",
+                    help="what to convert the target for: auto (the backend a start on this machine uses: llama.cpp "
+                         "for a GGUF when installed, else ONNX Runtime; torch on CUDA), llamacpp, onnx, torch, or all "
+                         "(a cache to copy to other machines)")
     pr.set_defaults(func=cmd_prepare)
 
     mo = sub.add_parser("models", help="the known pairs, what is downloaded and converted (with sizes); free the cache")
@@ -269,11 +273,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if args.target is not None:
         if args.pair is not None:
             raise EdgespecError("give either a pair or --target, not both")
-        prepared = prepare_models(args.target, args.draft, drafters=drafters)
+        prepared = prepare_models(args.target, args.draft, drafters=drafters, backend=args.target_backend)
     elif args.draft is not None:
         raise EdgespecError("--draft needs --target (a pair names its own draft)")
     else:
-        prepared = prepare_pair(args.pair or DEFAULT_PAIR, drafters=drafters)
+        prepared = prepare_pair(args.pair or DEFAULT_PAIR, drafters=drafters, backend=args.target_backend)
     for what, path in prepared.items():
         print(f"{what:24} {path}")
     return 0

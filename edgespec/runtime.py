@@ -604,27 +604,43 @@ def build_session(args, progress: Callable[[str], None] | None = None):
                        draft_description=rt.draft_description, policy_factory=policy_for)
 
 
+PREPARE_BACKENDS = ("auto", "llamacpp", "onnx", "torch", "all")
+
+
+def prepare_for(backend: str, spec: RuntimeSpec) -> set[str]:
+    """The target backends `edgespec prepare --target-backend BACKEND` converts for: "auto" is the one a start on
+    this machine will use (`planned_backend`), "all" every one (for a cache made here and used elsewhere)."""
+    if backend not in PREPARE_BACKENDS:
+        raise EdgespecError(f"--target-backend {backend!r}: use one of {', '.join(PREPARE_BACKENDS)}")
+    if backend == "all":
+        return {"llamacpp", "onnx", "torch"}
+    return {planned_backend(spec) if backend == "auto" else backend}
+
+
 def prepare_models(target: str, draft: str | None = None, *, drafters: tuple[str, ...] | None = None,
-                   progress: Callable[[str], None] | None = None) -> dict[str, Path]:
+                   backend: str = "auto", progress: Callable[[str], None] | None = None) -> dict[str, Path]:
     """`edgespec prepare --target X [--draft Y]`: fetch (a hub id downloads once into the hub's cache), convert and
-    check the models a later `--target X --draft Y` runs on the CPU (the target as ONNX fp32, and a GGUF target's
-    tokenizer and config for llama.cpp; the draft as the ONNX `drafters`, default int4; the pair's tokenizers
-    compared), so that start reaches its first token in seconds. Returns what was prepared."""
+    check the models a later `--target X --draft Y` runs (the target for `backend`, see `prepare_for`: ONNX fp32,
+    transformers weights, or a GGUF's tokenizer and config for llama.cpp; the draft as the ONNX `drafters`,
+    default int4; the pair's tokenizers compared), so that start reaches its first token in seconds. Returns what
+    was prepared."""
     from .convert import hf_to_onnx
     from .loading import load_tokenizer
     from .progress import report, reporting_to
 
     with reporting_to(progress) if progress else contextlib.nullcontext():
         out: dict[str, Path] = {}
-        report(f"target: {target}")
-        t = _local_model(target, report)
+        backends = prepare_for(backend, RuntimeSpec(target=target))
+        report(f"target: {target} (for {_backend_names(backends)})")
+        t = _local_model(target, report, weights=bool(backends - {"llamacpp"}))
         if t.gguf is not None:
             out["target (gguf)"] = t.gguf
             out["target (metadata)"] = _metadata(t)
         if t.hf_dir is not None:
             out["target (transformers)"] = t.hf_dir
-            out["target (onnx fp32)"] = hf_to_onnx(t.hf_dir, precision="fp32")
-        else:
+            if "onnx" in backends:
+                out["target (onnx fp32)"] = hf_to_onnx(t.hf_dir, precision="fp32")
+        elif t.onnx_dir is not None:
             out["target (onnx)"] = t.onnx_dir
         if draft is None:
             return out
@@ -643,10 +659,12 @@ def prepare_models(target: str, draft: str | None = None, *, drafters: tuple[str
         return out
 
 
-def prepare_pair(pair: str, *, drafters: tuple[str, ...] | None = None, progress: Callable[[str], None] | None = None) -> dict[str, Path]:
-    """Download, verify and convert everything `pair` needs on any machine (every target backend: a GGUF target's
-    weights for torch and ONNX, its tokenizer and config for llama.cpp; its drafters), so a later start reaches
-    the first token in seconds. Returns what was prepared."""
+def prepare_pair(pair: str, *, drafters: tuple[str, ...] | None = None, backend: str = "auto",
+                 progress: Callable[[str], None] | None = None) -> dict[str, Path]:
+    """Download, verify and convert what `pair` needs for `backend` (`prepare_for`: by default the target backend
+    a start on this machine uses; "all": a GGUF target's weights for torch and ONNX and its tokenizer and config
+    for llama.cpp) and for its drafters, so a later start reaches the first token in seconds. Returns what was
+    prepared."""
     from .convert import hf_to_onnx
     from .models import load_manifest
     from .progress import report, reporting_to
@@ -655,14 +673,17 @@ def prepare_pair(pair: str, *, drafters: tuple[str, ...] | None = None, progress
         say = report
         manifest = load_manifest(pair)
         out: dict[str, Path] = {}
-        say(f"target: {manifest.target.upstream or manifest.name}")
-        target = _model_dir(manifest.target, say)
+        backends = prepare_for(backend, RuntimeSpec(pair=pair))
+        say(f"target: {manifest.target.upstream or manifest.name} (for {_backend_names(backends)})")
+        target = _model_dir(manifest.target, say, weights=bool(backends - {"llamacpp"}))
         if target.gguf is not None:
             out["target (metadata)"] = _metadata(target)
         if target.hf_dir is not None:
             out["target (transformers)"] = target.hf_dir
-            out[f"target (onnx {manifest.target.onnx_precision})"] = hf_to_onnx(target.hf_dir, precision=manifest.target.onnx_precision)
-        else:
+            if "onnx" in backends:
+                out[f"target (onnx {manifest.target.onnx_precision})"] = hf_to_onnx(
+                    target.hf_dir, precision=manifest.target.onnx_precision)
+        elif target.onnx_dir is not None:
             out["target (onnx)"] = target.onnx_dir
         model_drafters = [d for d in (drafters or manifest.default_drafters) if d in MODEL_DRAFT_BACKENDS]
         if model_drafters:
@@ -677,6 +698,11 @@ def prepare_pair(pair: str, *, drafters: tuple[str, ...] | None = None, progress
                     if d in ("int4", "int8"):
                         out[f"draft (onnx {d})"] = hf_to_onnx(draft.hf_dir, precision=d, last_logits_only=True)
         return out
+
+
+def _backend_names(backends: set[str]) -> str:
+    names = {"llamacpp": "llama.cpp", "onnx": "ONNX Runtime", "torch": "torch"}
+    return ", ".join(names[b] for b in ("llamacpp", "onnx", "torch") if b in backends)
 
 
 def _metadata(source: _Source) -> Path:

@@ -126,8 +126,17 @@ def test_another_drafter_converts_the_weights_when_it_first_needs_them(pair, cac
     assert engine.run(ids, max_new_tokens=16, policy=FixedK(3)).token_ids == plain
 
 
+def test_prepare_converts_only_for_the_backend_this_machine_starts_on(pair, cache):
+    prepared = prepare_pair(pair, drafters=("llamacpp",), progress=quiet)  # auto: llama.cpp is installed here
+    assert set(prepared) == {"target (metadata)", "draft (metadata)"}
+    assert weight_files(cache) == []  # no transformers or ONNX copy of the weights for a llama.cpp start
+    onnx = prepare_pair(pair, drafters=("llamacpp",), backend="onnx", progress=quiet)
+    assert {"target (transformers)", "target (onnx fp32)"} <= set(onnx)
+    assert {p.name for p in weight_files(cache)} >= {"model.safetensors", "model.onnx"}
+
+
 def test_prepare_leaves_a_llama_cpp_start_nothing_to_convert(pair, cache):
-    prepared = prepare_pair(pair, drafters=("llamacpp",), progress=quiet)
+    prepared = prepare_pair(pair, drafters=("llamacpp",), backend="all", progress=quiet)
     assert {"target (metadata)", "target (transformers)", "draft (metadata)"} <= set(prepared)
     assert prepared["target (metadata)"] == prepared["draft (metadata)"]  # one GGUF, one folder
     lines = []
