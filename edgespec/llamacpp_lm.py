@@ -121,6 +121,27 @@ def available() -> bool:
     return True
 
 
+def check_device(name: str, *, flag: str = "--target-device") -> str:
+    """The device a llama.cpp model runs on for `name`: "cpu", or "cuda"/"cuda:N" where this llama.cpp build
+    offloads to a GPU (its own build decides, not torch's: a Jetson's pip torch is CPU-only while its llama.cpp
+    may be a CUDA build). "auto": the GPU where the build offloads, else the CPU. An EdgespecError otherwise."""
+    import re
+
+    device = name.strip().lower()
+    if device == "cpu":
+        return "cpu"
+    offloads = available() and build_info()["gpu_offload"]
+    if device == "auto":
+        return "cuda" if offloads else "cpu"
+    if not re.fullmatch(r"cuda(?::\d+)?", device):
+        raise EdgespecError(f"unknown device {name!r} for {flag}; use auto, cpu, cuda or cuda:N")
+    if not offloads:
+        raise EdgespecError(f"{flag} {device}: this llama.cpp build runs on the CPU only; reinstall it with GPU "
+                            "support (CMAKE_ARGS=-DGGML_CUDA=on pip install --force-reinstall --no-cache-dir "
+                            "llama-cpp-python, docs/gpu.md) or use " + flag + " cpu")
+    return device
+
+
 def build_info() -> dict:
     """What the installed llama.cpp was built for (for `edgespec devices`)."""
     if not available():
@@ -167,6 +188,9 @@ class LlamaCppLM:
             raise EdgespecError(f"{path} does not exist; give the path of a .gguf file")
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = 0 if device == "cpu" else 999
+        if device.startswith("cuda:"):  # that GPU alone
+            mparams.split_mode = llama_cpp.LLAMA_SPLIT_MODE_NONE
+            mparams.main_gpu = int(device.split(":")[1])
         self._model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
         if not self._model:
             raise EdgespecError(f"llama.cpp could not load {path.name} (not a GGUF file, damaged, or an architecture "

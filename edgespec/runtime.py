@@ -159,14 +159,18 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
 
     if spec.target_backend not in TARGET_BACKENDS:
         raise EdgespecError(f"unknown target backend {spec.target_backend!r}; use one of {', '.join(TARGET_BACKENDS)}")
-    target_device = check_device(spec.target_device, flag="--target-device")
-    draft_device = check_device(spec.draft_device, flag="--draft-device")
     manifest = None
     if spec.target is None:
         manifest = load_manifest(spec.pair or DEFAULT_PAIR)
     elif spec.pair is not None:
         raise EdgespecError("give either --pair or --target, not both")
     backend = planned_backend(spec)
+    if backend == "llamacpp":  # where llama.cpp's own build can run it, whatever torch was built for
+        from . import llamacpp_lm
+
+        target_device = llamacpp_lm.check_device(spec.target_device, flag="--target-device")
+    else:
+        target_device = check_device(spec.target_device, flag="--target-device")
 
     compiles(spec)  # --compile on a backend that cannot: the error before anything loads
     drafter_name = spec.draft or (manifest.default_drafters[0] if manifest else "ngram")
@@ -175,6 +179,12 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
         if spec.draft_backend not in MODEL_DRAFT_BACKENDS:
             raise EdgespecError(f"unknown draft backend {spec.draft_backend!r}; use {', '.join(MODEL_DRAFT_BACKENDS)}")
         draft_path, drafter_name = drafter_name, spec.draft_backend
+    if _lm_backend(drafter_name) == "llamacpp":  # llama.cpp's own build says where it can run
+        from . import llamacpp_lm
+
+        draft_device = llamacpp_lm.check_device(spec.draft_device, flag="--draft-device")
+    else:
+        draft_device = check_device(spec.draft_device, flag="--draft-device")
     # The pair's own model drafts for it: one source, its weights converted once if the drafter needs them.
     self_draft = manifest is not None and manifest.draft is None and draft_path is None
     # ---- target
@@ -422,6 +432,7 @@ def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onn
         torch_threads(True)
     if backend == "llamacpp":
         from .llamacpp_lm import LlamaCppLM
+        from .llamacpp_lm import check_device as check_llamacpp_device
 
         if source.gguf is None:
             raise EdgespecError(f"the llama.cpp backend runs GGUF files and this {role} is not one; "
@@ -429,7 +440,8 @@ def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onn
         threads = spec.draft_threads or spec.threads if role == "draft" else spec.threads
         # an overlapped drafter steps beside the target, so not on the target's llama.cpp thread
         runner = "llama.cpp draft" if role == "draft" and spec.overlap else "llama.cpp"
-        return LlamaCppLM(source.gguf, threads=threads, device="cpu" if device == "cpu" else "gpu", name=role,
+        flag = "--target-device" if role == "target" else "--draft-device"
+        return LlamaCppLM(source.gguf, threads=threads, device=check_llamacpp_device(device, flag=flag), name=role,
                           runner_name=runner)
     if backend == "torch":
         from .lm import TorchLM

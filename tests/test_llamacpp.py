@@ -297,3 +297,36 @@ def test_torch_keeps_one_thread_while_no_model_runs_in_it(tiny_checkpoints):
     finally:
         runtime.torch_threads(True)
     assert torch.get_num_threads() == before
+
+
+def test_where_llama_cpp_runs_is_its_own_builds_answer_not_torchs(monkeypatch, capsys):
+    """A Jetson's pip torch is CPU-only while its llama.cpp may be a CUDA build: --target-device cuda asks
+    llama.cpp. On this CPU-only build it is a one-line error naming the reinstall; with a build that offloads
+    (stood in for here) the model is made for the GPU although torch sees none."""
+    from edgespec import hardware, llamacpp_lm
+    from edgespec.cli import main
+
+    assert not llamacpp_lm.build_info()["gpu_offload"]  # this machine's build
+    assert llamacpp_lm.check_device("auto") == "cpu" and llamacpp_lm.check_device("CPU") == "cpu"
+    for flag, argv in (("--target-device", ["--target-backend", "llamacpp", "--target-device", "cuda"]),
+                       ("--draft-device", ["--draft", "llamacpp", "--draft-device", "cuda:1"])):
+        code = main(["generate", "--prompt", "hi", "--max-new-tokens", "2", *argv])
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert code == 2 and "CPU only" in err and "CMAKE_ARGS=-DGGML_CUDA=on" in err and f"or use {flag} cpu" in err
+    with pytest.raises(EdgespecError, match="unknown device 'gpu0'"):
+        llamacpp_lm.check_device("gpu0")
+
+    monkeypatch.setattr(hardware, "_cuda_count", lambda: 0)  # torch: no GPU
+    monkeypatch.setattr(llamacpp_lm, "build_info", lambda: {"installed": True, "gpu_offload": True})
+    assert llamacpp_lm.check_device("auto") == "cuda" and llamacpp_lm.check_device("cuda:1") == "cuda:1"
+    made = []
+    real_init = LlamaCppLM.__init__
+
+    def spy(self, *args, **kwargs):
+        made.append(kwargs.get("device"))
+        real_init(self, *args, **{**kwargs, "device": "cpu"})  # this build has no GPU to load onto
+
+    monkeypatch.setattr(LlamaCppLM, "__init__", spy)
+    rt = build_runtime(RuntimeSpec(pair="smollm2-135m", draft="none", target_backend="llamacpp",
+                                   target_device="cuda", threads=1), progress=lambda _: None)
+    assert made == ["cuda"] and rt.target_backend == "llamacpp"
