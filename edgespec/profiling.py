@@ -932,9 +932,9 @@ def run_profile(spec, *, k_max: int = 8, quick: bool = False, p_min_candidates: 
     model_drafters = [n for n, d in drafters.items() if d.can_draft_ahead]  # those that can overlap
     split = None
     if measure_split and model_drafters:
-        from .hardware import check_device
+        from .runtime import planned_target_device
 
-        split = overlap_threads(check_device(spec.target_device))  # the split --overlap runs with
+        split = overlap_threads(planned_target_device(spec))  # the split --overlap runs with
         if split is None:
             notice("one usable core: overlapped drafting is not measured (there is nothing to split)")
     # a model drafter also at each p_min candidate (an n-gram lookup has no confidence to stop on)

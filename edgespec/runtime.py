@@ -101,6 +101,18 @@ def planned_backend(spec: RuntimeSpec) -> str:
     return "llamacpp" if target_is_gguf(spec) and llamacpp_lm.available() else "onnx"
 
 
+def planned_target_device(spec: RuntimeSpec) -> str:
+    """The device the target will run on ("cpu", "cuda", "cuda:N"): for a llama.cpp target, where llama.cpp's own
+    build can run it, whatever torch was built for (`llamacpp_lm.check_device`)."""
+    from .hardware import check_device
+
+    if planned_backend(spec) == "llamacpp":
+        from . import llamacpp_lm
+
+        return llamacpp_lm.check_device(spec.target_device, flag="--target-device")
+    return check_device(spec.target_device, flag="--target-device")
+
+
 def target_is_gguf(spec: RuntimeSpec) -> bool:
     """Whether the target `spec` names comes as a GGUF file (a pair's manifest says so, or the path ends .gguf)."""
     from .models import load_manifest
@@ -165,12 +177,7 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
     elif spec.pair is not None:
         raise EdgespecError("give either --pair or --target, not both")
     backend = planned_backend(spec)
-    if backend == "llamacpp":  # where llama.cpp's own build can run it, whatever torch was built for
-        from . import llamacpp_lm
-
-        target_device = llamacpp_lm.check_device(spec.target_device, flag="--target-device")
-    else:
-        target_device = check_device(spec.target_device, flag="--target-device")
+    target_device = planned_target_device(spec)
 
     compiles(spec)  # --compile on a backend that cannot: the error before anything loads
     drafter_name = spec.draft or (manifest.default_drafters[0] if manifest else "ngram")
