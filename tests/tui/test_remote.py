@@ -193,3 +193,41 @@ def test_server_options_are_checked_first(argv, message, capsys):
     assert main(["chat", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("edgespec: error: ") and message in err and err.count("\n") == 1
+
+
+def test_a_refused_key_and_a_full_line_are_one_line_errors(tiny_checkpoints):
+    """What `chat --server` meets from a server with --api-key (401) and with a full line (429)."""
+    import threading
+
+    from edgespec.errors import EdgespecError
+    from edgespec.remote import RemoteModel
+
+    with serving("--target", str(tiny_checkpoints["target"]), *TORCH, "--k", "0", "--api-key", "sesame",
+                 "--max-queue", "1") as s:
+        for key, said in ((None, "none was given"), ("open", "the key given was refused")):
+            with pytest.raises(EdgespecError) as err:
+                RemoteModel(s.url, api_key=key)
+            assert str(err.value) == (f"the server at {s.url} needs its API key ({said}): pass --api-key KEY or "
+                                      "set EDGESPEC_API_KEY")
+        model = RemoteModel(s.url, api_key="sesame")
+        ask = [{"role": "user", "content": HOLD}]
+        holder = model.chat(ask, max_tokens=1500)
+        next(iter(holder))  # running: the device is busy
+        stop_waiter = threading.Event()
+
+        def wait_in_line():
+            list(model.chat(ask, max_tokens=4, cancel=stop_waiter))
+
+        waiter = threading.Thread(target=wait_in_line, daemon=True)
+        waiter.start()
+        wait_for(lambda: (s.health() or {}).get("waiting") == 1, "the second request to wait in the line")
+        with pytest.raises(EdgespecError) as err:
+            list(model.chat(ask, max_tokens=4))
+        message = str(err.value)
+        assert message.startswith(f"the server at {s.url} answered 429: ") and "--max-queue" in message
+        assert "\n" not in message
+        holder.close()
+        stop_waiter.set()
+        waiter.join(CAP)
+        assert not waiter.is_alive()
+        assert "Traceback" not in s.output()
