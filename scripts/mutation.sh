@@ -54,6 +54,9 @@ config_for() {  # the [mutmut] section of setup.cfg for one group
         echo "    no:cacheprovider"
         echo "process_isolation = forkserver"
         echo "use_git_change_detection = false"
+        # a mutant that makes a test loop runs until this many times the tests' measured time (x2 CPU seconds):
+        # mutmut's default of 15 let each hung engine mutant hold a worker for about 23 minutes
+        echo "timeout_multiplier = 3"
     } > setup.cfg
 }
 
