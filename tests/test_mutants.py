@@ -396,3 +396,32 @@ def test_judge_names_the_rows_that_are_off_the_cpu(off_cpu):
             "guess": "the drafter's p_draft (its guess at the bonus token)"}[off_cpu]
     with pytest.raises(RuntimeError, match=rf"^{re.escape(name)} are on meta, but the rule runs on the CPU"):
         judge(draft, logits, SamplingParams(temperature=0.7), torch.Generator().manual_seed(0), guess)
+
+
+def test_the_policy_hears_the_targets_own_time_and_the_catch_up_apart():
+    """`_observe`'s contract, checked on its own (the scripted per-thread clocks of test_overlap.py cannot show a
+    wait for the drafter: a waiting thread's clock stands still there): the engine thread's wait for the drafter
+    comes off the target's time, drafting done ahead is added to the drafting, and the catch-up (the draft
+    model's prefill) reaches the policy apart, seconds and tokens (mutants: `verify_s += ahead.wait_s`;
+    `catch_up_s=None` or left out; `catch_up_tokens` left out)."""
+    from edgespec.drafters.base import Draft
+    from edgespec.engine import _observe
+    from edgespec.policy import PolicyBase
+    from edgespec.scheduler import Ahead
+    from edgespec.verify import Verdict
+
+    class Heard(PolicyBase):
+        def observe(self, *args, **kwargs):
+            self.heard = (args, kwargs)
+
+    policy = Heard()
+    draft = Draft([4, 5, 6], catch_up_s=0.25, catch_up_tokens=40, drafted=1)
+    _observe(policy, 3, draft, Verdict(2, 9), False, draft_s=0.5, verify_s=0.75, ahead=Ahead(0.125, 4, 0.0625))
+    (k, n_drafted, n_accepted, draft_s, verify_s), kwargs = policy.heard
+    assert (k, n_drafted, n_accepted) == (3, 3, 2)
+    assert draft_s == 0.5 - 0.25 + 0.125 and verify_s == 0.75 - 0.0625
+    assert kwargs == {"catch_up_s": 0.25, "catch_up_tokens": 40, "drafted": 1 + 4}
+    # sequential (nothing ahead): the target's time as measured, the catch-up still apart
+    _observe(policy, 3, draft, Verdict(2, 9), False, draft_s=0.5, verify_s=0.75, ahead=None)
+    (_, _, _, draft_s, verify_s), kwargs = policy.heard
+    assert (draft_s, verify_s) == (0.25, 0.75) and kwargs == {"catch_up_s": 0.25, "catch_up_tokens": 40, "drafted": 1}
