@@ -425,3 +425,52 @@ def test_the_policy_hears_the_targets_own_time_and_the_catch_up_apart():
     _observe(policy, 3, draft, Verdict(2, 9), False, draft_s=0.5, verify_s=0.75, ahead=None)
     (_, _, _, draft_s, verify_s), kwargs = policy.heard
     assert (draft_s, verify_s) == (0.25, 0.75) and kwargs == {"catch_up_s": 0.25, "catch_up_tokens": 40, "drafted": 1}
+
+
+def test_generate_defaults_to_256_tokens_of_the_target_alone():
+    """Without a budget or a policy, `generate` writes up to 256 tokens with no drafting (mutants: 257, FixedK(1))."""
+    from tiny import tiny_llama
+
+    from edgespec.engine import STOP_LENGTH, SpeculativeEngine
+    from edgespec.target import TorchTarget
+
+    engine = SpeculativeEngine(TorchTarget(tiny_llama(vocab_size=32, seed=0, max_pos=512)), _Repeater(3))
+    steps = list(engine.generate([5, 9, 14]))  # no end-of-answer token given to the engine: runs to the budget
+    assert sum(len(s.tokens) for s in steps) == 256 and steps[-1].stop_reason == STOP_LENGTH
+    assert all(s.k == 0 and s.n_drafted == 0 for s in steps)
+
+
+@pytest.mark.parametrize("prompt, budget, message", [
+    ([], 4, "the prompt is empty; give at least one token of prompt text"),
+    (list(range(1, 25)), 4, "the prompt has 24 tokens but the model's context holds 24; shorten the prompt (or the "
+                            "chat history)"),
+    ([5, 9], 0, "max_new_tokens=0 must be at least 1"),
+])
+def test_a_request_the_engine_cannot_run_is_refused_with_its_reason_and_fix(prompt, budget, message):
+    from tiny import tiny_llama
+
+    from edgespec.engine import SpeculativeEngine
+    from edgespec.errors import EdgespecError
+    from edgespec.target import TorchTarget
+
+    engine = SpeculativeEngine(TorchTarget(tiny_llama(vocab_size=32, seed=0), max_context=24))
+    with pytest.raises(EdgespecError) as err:
+        engine.run(prompt, max_new_tokens=budget)
+    assert str(err.value) == message
+
+
+def test_the_target_reserves_room_for_the_prompt_and_the_budget_up_to_its_context():
+    """Before the prefill the target is told how long this request can grow (a backend may allocate its cache
+    once): prompt + budget, capped at the context (mutant: prompt - budget)."""
+    from tiny import tiny_llama
+
+    from edgespec.engine import SpeculativeEngine
+    from edgespec.target import TorchTarget
+
+    target = TorchTarget(tiny_llama(vocab_size=32, seed=0), max_context=64)
+    asked, reserve = [], target.reserve
+    target.reserve = lambda total: (asked.append(total), reserve(total))[1]
+    engine = SpeculativeEngine(target)
+    engine.run([5, 9, 14], max_new_tokens=10)
+    engine.run([5, 9, 14], max_new_tokens=100)
+    assert asked == [13, 64]
