@@ -474,3 +474,53 @@ def test_the_target_reserves_room_for_the_prompt_and_the_budget_up_to_its_contex
     engine.run([5, 9, 14], max_new_tokens=10)
     engine.run([5, 9, 14], max_new_tokens=100)
     assert asked == [13, 64]
+
+
+def test_requests_without_a_seed_draw_from_different_random_streams():
+    """An unseeded request seeds its generators from fresh entropy: twelve sampled answers on near-flat
+    distributions all differ (mutants that squeezed the seed to a few values, `torch.seed() / 2**62` or
+    `% 2 * 62`, allow at most four different answers)."""
+    from tiny import tiny_llama
+
+    from edgespec.engine import SpeculativeEngine
+    from edgespec.target import TorchTarget
+
+    engine = SpeculativeEngine(TorchTarget(tiny_llama(vocab_size=32, seed=0, init=0.02)))
+    answers = {tuple(engine.run([5, 9], params=SamplingParams(temperature=1.0), max_new_tokens=8).token_ids)
+               for _ in range(12)}
+    assert len(answers) >= 6, answers
+
+
+def test_only_a_free_drafter_is_asked_for_shadow_proposals():
+    """While K is 0, a policy that learns from shadow proposals hears a free drafter's (an n-gram lookup); a
+    model drafter is never asked (it would pay a draft model's step for nothing), and without a drafter there
+    is nothing to ask (mutant: `drafts.free or policy.learns_from_shadow`, which asked the model drafter, and
+    crashed without one)."""
+    from tiny import tiny_llama
+
+    from edgespec.drafters import NgramDrafter
+    from edgespec.engine import SpeculativeEngine
+    from edgespec.policy import FixedK
+    from edgespec.target import TorchTarget
+
+    class Listening(FixedK):
+        learns_from_shadow = True
+
+        def __init__(self):
+            super().__init__(0)
+            self.shadows = 0
+
+        def observe_shadow(self, n_proposed, n_matched):
+            self.shadows += 1
+
+    target = TorchTarget(tiny_llama(vocab_size=32, seed=0))
+    plain = SpeculativeEngine(target).run(LOOPING, max_new_tokens=12, policy=FixedK(0)).token_ids
+    model_drafter = _Repeater(3)
+    model_drafter.propose = lambda *a, **kw: pytest.fail("a model drafter was asked for a shadow proposal")
+    for drafter in (model_drafter, None):
+        policy = Listening()
+        assert SpeculativeEngine(target, drafter).run(LOOPING, max_new_tokens=12, policy=policy).token_ids == plain
+        assert policy.shadows == 0
+    policy = Listening()  # the control: a free drafter is asked, and the policy hears how it fared
+    SpeculativeEngine(target, NgramDrafter()).run(LOOPING, max_new_tokens=12, policy=policy)
+    assert policy.shadows > 0
