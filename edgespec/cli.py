@@ -442,8 +442,8 @@ def add_serve_parser(sub) -> None:
     s.add_argument("--max-queue", type=int, default=16, help="requests that may wait for the device; past it 429 (default 16)")
     s.add_argument("--max-body", type=int, default=4 * 2**20, help="largest request body in bytes; past it 413 (default 4 MiB)")
     s.add_argument("--stream-interval", type=float, default=None, metavar="MS",
-                   help="send a stream's rounds together, at most one event per MS milliseconds (default 0; "
-                        "0: an event per round)")
+                   help="send a stream's rounds together, at most one event per MS milliseconds after the first "
+                        "text (default 50; 0: an event per round)")
     s.add_argument("--model-name", default=None, help="the model id clients send and /v1/models lists (default: the pair or target's name)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     s.set_defaults(func=cmd_serve)
