@@ -78,3 +78,16 @@ def test_top_p_finds_the_nucleus_among_the_candidates_when_it_is_there(monkeypat
     assert not calls and ((p > 0).sum(-1) == 10).all()
     flat = sampling.probs_from_logits(torch.zeros(1, 20_000), SamplingParams(temperature=1.0, top_p=0.9))
     assert calls and int((flat > 0).sum()) in range(17_999, 18_002)  # 90% of a flat row: the whole sort's answer
+
+
+def test_top_p_among_the_candidates_works_on_any_batch_shape():
+    """The draft model's rows come one at a time ([V]), the target's as [K+1, V]: the candidates' path (a peaked
+    row of a large vocabulary) gives each row what it gives that row alone, whatever the leading dimensions
+    (mutants: topk or cumsum over `dim=+1`, an error on one row and the wrong axis on three dimensions)."""
+    torch.manual_seed(1)
+    logits = torch.randn(2, 3, 20_000) * 4.0
+    params = SamplingParams(temperature=0.7, top_p=0.9)
+    rows = [probs_from_logits(row, params) for row in logits.reshape(6, -1)]
+    assert all(row.shape == (20_000,) and 0 < int((row > 0).sum()) < 1_024 for row in rows)  # the candidates' path
+    assert torch.equal(probs_from_logits(logits, params), torch.stack(rows).reshape(2, 3, -1))
+    assert torch.equal(probs_from_logits(logits[0], params), torch.stack(rows[:3]))
