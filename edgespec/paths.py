@@ -10,6 +10,7 @@ huggingface_hub's cache (`HF_HOME`, `HF_HUB_CACHE`).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -18,7 +19,7 @@ def cache_dir() -> Path:
     """The root of edgespec's cache; created on first use."""
     import platformdirs  # late: a bare environment (the GPU script's) only needs it when no override is set
 
-    return _made(os.environ.get("EDGESPEC_CACHE"), platformdirs.user_cache_dir("edgespec"), "EDGESPEC_CACHE", "cache")
+    return _made("EDGESPEC_CACHE", "cache", lambda: platformdirs.user_cache_dir("edgespec"))
 
 
 def user_path(text: str | Path, what: str) -> Path:
@@ -50,13 +51,14 @@ def data_dir() -> Path:
     """The user data dir (chat history and the like); `EDGESPEC_DATA` overrides it."""
     import platformdirs
 
-    return _made(os.environ.get("EDGESPEC_DATA"), platformdirs.user_data_dir("edgespec"), "EDGESPEC_DATA", "data")
+    return _made("EDGESPEC_DATA", "data", lambda: platformdirs.user_data_dir("edgespec"))
 
 
-def _made(override: str | None, default: str, env: str, what: str) -> Path:
-    """The folder `override` (from `env`) or `default`, created; a one-line EdgespecError where it cannot be (a
-    file of that name, no permission, a read-only disk)."""
-    root = user_path(override, env) if override else Path(default)
+def _made(env: str, what: str, default: Callable[[], str]) -> Path:
+    """The folder `$env` names, or `default()` (asked only without it), created; a one-line EdgespecError where it
+    cannot be (a file of that name, no permission, a read-only disk)."""
+    override = os.environ.get(env)
+    root = user_path(override, env) if override else Path(default())
     try:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as err:

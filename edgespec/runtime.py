@@ -102,15 +102,21 @@ def planned_backend(spec: RuntimeSpec) -> str:
 
 
 def planned_target_device(spec: RuntimeSpec) -> str:
-    """The device the target will run on ("cpu", "cuda", "cuda:N"): for a llama.cpp target, where llama.cpp's own
-    build can run it, whatever torch was built for (`llamacpp_lm.check_device`)."""
-    from .hardware import check_device
+    """The device the target will run on ("cpu", "cuda", "cuda:N"), see `resolve_device`."""
+    return resolve_device(planned_backend(spec), spec.target_device, "--target-device")
 
-    if planned_backend(spec) == "llamacpp":
+
+def resolve_device(backend: str, name: str, flag: str) -> str:
+    """The device a model on `backend` runs on for the `--target-device`/`--draft-device` value `name`: a llama.cpp
+    model where llama.cpp's own build can run it, whatever torch was built for (`llamacpp_lm.check_device`);
+    any other as torch sees the machine (`hardware.check_device`)."""
+    if backend == "llamacpp":
         from . import llamacpp_lm
 
-        return llamacpp_lm.check_device(spec.target_device, flag="--target-device")
-    return check_device(spec.target_device, flag="--target-device")
+        return llamacpp_lm.check_device(name, flag=flag)
+    from .hardware import check_device
+
+    return check_device(name, flag=flag)
 
 
 def target_is_gguf(spec: RuntimeSpec) -> bool:
@@ -165,7 +171,6 @@ def build_runtime(spec: RuntimeSpec, progress: Callable[[str], None] | None = No
 def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtime:
     from .drafters import ModelDrafter, NgramDrafter
     from .engine import SpeculativeEngine
-    from .hardware import check_device
     from .loading import load_tokenizer
     from .models import load_manifest
 
@@ -177,7 +182,7 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
     elif spec.pair is not None:
         raise EdgespecError("give either --pair or --target, not both")
     backend = planned_backend(spec)
-    target_device = planned_target_device(spec)
+    target_device = resolve_device(backend, spec.target_device, "--target-device")
 
     compiles(spec)  # --compile on a backend that cannot: the error before anything loads
     drafter_name = spec.draft or (manifest.default_drafters[0] if manifest else "ngram")
@@ -186,12 +191,7 @@ def _build_runtime(spec: RuntimeSpec, progress: Callable[[str], None]) -> Runtim
         if spec.draft_backend not in MODEL_DRAFT_BACKENDS:
             raise EdgespecError(f"unknown draft backend {spec.draft_backend!r}; use {', '.join(MODEL_DRAFT_BACKENDS)}")
         draft_path, drafter_name = drafter_name, spec.draft_backend
-    if _lm_backend(drafter_name) == "llamacpp":  # llama.cpp's own build says where it can run
-        from . import llamacpp_lm
-
-        draft_device = llamacpp_lm.check_device(spec.draft_device, flag="--draft-device")
-    else:
-        draft_device = check_device(spec.draft_device, flag="--draft-device")
+    draft_device = resolve_device(_lm_backend(drafter_name), spec.draft_device, "--draft-device")
     # The pair's own model drafts for it: one source, its weights converted once if the drafter needs them.
     self_draft = manifest is not None and manifest.draft is None and draft_path is None
     # ---- target
@@ -292,7 +292,9 @@ def extra_drafter(rt: Runtime, name: str):
         return None
     spec = rt.spec or RuntimeSpec()
     # a GGUF's weights are converted here if this drafter needs them and nothing converted them yet
-    lm = _build_lm(source, _lm_backend(name), spec.draft_device, spec, name, "draft", report)
+    backend = _lm_backend(name)
+    lm = _build_lm(source, backend, resolve_device(backend, spec.draft_device, "--draft-device"), spec, name, "draft",
+                   report)
     return ModelDrafter(lm, name=name)
 
 
@@ -439,7 +441,6 @@ def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onn
         torch_threads(True)
     if backend == "llamacpp":
         from .llamacpp_lm import LlamaCppLM
-        from .llamacpp_lm import check_device as check_llamacpp_device
 
         if source.gguf is None:
             raise EdgespecError(f"the llama.cpp backend runs GGUF files and this {role} is not one; "
@@ -447,9 +448,7 @@ def _build_lm(source: _Source, backend: str, device: str, spec: RuntimeSpec, onn
         threads = spec.draft_threads or spec.threads if role == "draft" else spec.threads
         # an overlapped drafter steps beside the target, so not on the target's llama.cpp thread
         runner = "llama.cpp draft" if role == "draft" and spec.overlap else "llama.cpp"
-        flag = "--target-device" if role == "target" else "--draft-device"
-        return LlamaCppLM(source.gguf, threads=threads, device=check_llamacpp_device(device, flag=flag), name=role,
-                          runner_name=runner)
+        return LlamaCppLM(source.gguf, threads=threads, device=device, name=role, runner_name=runner)
     if backend == "torch":
         from .lm import TorchLM
         from .loading import load_causal_lm
@@ -654,13 +653,7 @@ def prepare_models(target: str, draft: str | None = None, *, drafters: tuple[str
         t = _local_model(target, report, weights=bool(backends - {"llamacpp"}))
         if t.gguf is not None:
             out["target (gguf)"] = t.gguf
-            out["target (metadata)"] = _metadata(t)
-        if t.hf_dir is not None:
-            out["target (transformers)"] = t.hf_dir
-            if "onnx" in backends:
-                out["target (onnx fp32)"] = hf_to_onnx(t.hf_dir, precision="fp32")
-        elif t.onnx_dir is not None:
-            out["target (onnx)"] = t.onnx_dir
+        _prepare_target(t, backends, "fp32", out)
         if draft is None:
             return out
         report(f"draft: {draft}")
@@ -695,15 +688,7 @@ def prepare_pair(pair: str, *, drafters: tuple[str, ...] | None = None, backend:
         backends = prepare_for(backend, RuntimeSpec(pair=pair))
         say(f"target: {manifest.target.upstream or manifest.name} (for {_backend_names(backends)})")
         target = _model_dir(manifest.target, say, weights=bool(backends - {"llamacpp"}))
-        if target.gguf is not None:
-            out["target (metadata)"] = _metadata(target)
-        if target.hf_dir is not None:
-            out["target (transformers)"] = target.hf_dir
-            if "onnx" in backends:
-                out[f"target (onnx {manifest.target.onnx_precision})"] = hf_to_onnx(
-                    target.hf_dir, precision=manifest.target.onnx_precision)
-        elif target.onnx_dir is not None:
-            out["target (onnx)"] = target.onnx_dir
+        _prepare_target(target, backends, manifest.target.onnx_precision, out)
         model_drafters = [d for d in (drafters or manifest.default_drafters) if d in MODEL_DRAFT_BACKENDS]
         if model_drafters:
             say(f"draft: {manifest.draft_model.upstream or manifest.name}")
@@ -717,6 +702,21 @@ def prepare_pair(pair: str, *, drafters: tuple[str, ...] | None = None, backend:
                     if d in ("int4", "int8"):
                         out[f"draft (onnx {d})"] = hf_to_onnx(draft.hf_dir, precision=d, last_logits_only=True)
         return out
+
+
+def _prepare_target(source: _Source, backends: set[str], onnx_precision: str, out: dict[str, Path]) -> None:
+    """`prepare`'s target: a GGUF's tokenizer and config, its (or a checkpoint's) transformers weights when a
+    backend but llama.cpp needs them (`source` was resolved with them), the ONNX export for ONNX Runtime."""
+    from .convert import hf_to_onnx
+
+    if source.gguf is not None:
+        out["target (metadata)"] = _metadata(source)
+    if source.hf_dir is not None:
+        out["target (transformers)"] = source.hf_dir
+        if "onnx" in backends:
+            out[f"target (onnx {onnx_precision})"] = hf_to_onnx(source.hf_dir, precision=onnx_precision)
+    elif source.onnx_dir is not None:
+        out["target (onnx)"] = source.onnx_dir
 
 
 def _backend_names(backends: set[str]) -> str:
