@@ -89,7 +89,8 @@ class Served:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log = Path(args.out) / "serve.log"
+        # one log per server: the intervals part runs several at once
+        self.log = Path(args.out) / ("serve.log" if args.stream_interval is None else f"serve-{args.stream_interval}ms.log")
         cmd = [sys.executable, "-m", "edgespec", "serve", *args.model_opts, "--k", args.k, "--port", str(self.port),
                "--max-queue", str(max(args.clients, 4)), "--log-level", "warning"]
         if args.stream_interval is not None:
@@ -209,11 +210,10 @@ def intervals(args, _served: Served) -> dict:
             runs["generate"].append(generate_once(args))
             for ms, sv in servers.items():
                 proc = psutil.Process(sv.proc.pid)
-                cpu0, mine0 = proc.cpu_times(), me.cpu_times()
+                server0, mine0 = _cpu_s(proc), _cpu_s(me)
                 r = stream_once(clients[ms], sv.model, PROMPT, args.max_tokens, args.k)
-                cpu1, mine1 = proc.cpu_times(), me.cpu_times()
-                r["server_cpu_ms_per_token"] = ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) * 1000 / r["tokens"]
-                r["client_cpu_ms_per_token"] = ((mine1.user + mine1.system) - (mine0.user + mine0.system)) * 1000 / r["tokens"]
+                r["server_cpu_ms_per_token"] = (_cpu_s(proc) - server0) * 1000 / r["tokens"]
+                r["client_cpu_ms_per_token"] = (_cpu_s(me) - mine0) * 1000 / r["tokens"]
                 runs[f"serve {ms} ms"].append(r)
     finally:
         for sv in servers.values():
@@ -232,6 +232,11 @@ def intervals(args, _served: Served) -> dict:
                      "same_text_as_generate": all(r["text"] == runs["generate"][0]["text"] for r in rs)}
     out["runs"] = {name: [round(r["decode_tokens_per_s"], 2) for r in rs] for name, rs in runs.items()}
     return out
+
+
+def _cpu_s(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system
 
 
 def ttft(args, served: Served) -> dict:
