@@ -228,6 +228,27 @@ def engine_config(name, engine, policy_factory, *, setup: Callable[[], None] | N
     return Config(name, run)
 
 
+def llamacpp_config(name, target, eos_token_ids) -> Config:
+    """Plain llama.cpp (`LlamaCppLM.plain_generate`: its own loop and sampler chain in C) on `target`'s model,
+    timed as our engine is (prefill, then one step a token). The target's cache is emptied before and after,
+    so the engine's rows find it as they left it: empty."""
+    from .metrics import SpecMetrics
+
+    def run(prompt_ids, max_new_tokens, params):
+        target.reset()
+        try:
+            tokens, prefill_s, decode_s = target.lm.plain_generate(
+                prompt_ids, max_new_tokens, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p,
+                seed=params.seed, stop_ids=eos_token_ids)
+        finally:
+            target.reset()
+        metrics = SpecMetrics(num_target_forwards=len(tokens), num_emitted_tokens=len(tokens),
+                              prefill_ms=prefill_s * 1000, verify_ms=decode_s * 1000, wall_s=prefill_s + decode_s,
+                              k_per_round=[0] * len(tokens))
+        return tokens, prefill_s, metrics.to_dict()
+    return Config(name, run)
+
+
 def hf_config(name, model, tokenizer, **generate_kwargs) -> Config:
     """transformers' own generate (assisted generation / prompt lookup) on the same torch target."""
     import torch
@@ -404,12 +425,11 @@ def run_bench_for(spec, *, ks: Sequence[int | str], params, prompts: Sequence[di
             notes.append("transformers anchors need the torch target backend (--target-backend torch); skipped")
         if rt.target_gguf is not None and llamacpp_lm.available():
             # What users run otherwise: plain llama.cpp decoding of the same GGUF on the same threads, through the
-            # same library and the same loop (K = 0), timed the same way.
-            # (a llama.cpp target is that model already: no second copy loaded)
+            # same library: llama.cpp's own loop and sampler, not our engine at K = 0 (which is target-only), timed
+            # the same way. (a llama.cpp target is that model already: no second copy loaded)
             anchor = target if rt.target_backend == "llamacpp" else ModelTarget(
                 llamacpp_lm.LlamaCppLM(rt.target_gguf, threads=spec.threads, name="anchor"))
-            configs.append(engine_config(LLAMA_CPP, SpeculativeEngine(anchor, None, eos_token_ids=eos),
-                                         lambda: FixedK(0)))
+            configs.append(llamacpp_config(LLAMA_CPP, anchor, frozenset(eos)))
         elif rt.target_gguf is not None:
             notes.append(f"the plain llama.cpp anchor needs the llama.cpp backend ({llamacpp_lm.INSTALL_HINT}); skipped")
     session = ChatSession(rt.engine, rt.tokenizer)

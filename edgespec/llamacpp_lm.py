@@ -302,6 +302,59 @@ class LlamaCppLM:
                 got += flagged
         return torch.from_numpy(out)
 
+    def plain_generate(self, prompt_ids: list[int], max_new_tokens: int, *, temperature: float = 0.0,
+                       top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
+                       stop_ids: frozenset[int] | set[int] = frozenset()) -> tuple[list[int], float, float]:
+        """llama.cpp's own decoding loop, what a user of plain llama.cpp runs: one `llama_decode` a token and
+        llama.cpp's sampler chain in C (greedy; or temperature, top-k, top-p and a seeded draw), no logits copied
+        out, no Python between the steps but the loop itself. The bench's anchor. Timed as the engine is: the
+        prompt but its last token is the prefill, and each answer token costs one step (the first feeds the
+        prompt's last token). Stops after a token in `stop_ids` (kept), at `max_new_tokens` or at the context's
+        end. Returns (tokens, prefill seconds, decode seconds); starts from an empty cache and leaves the
+        prompt and answer in it."""
+        return self._call(self._plain_generate, list(prompt_ids), int(max_new_tokens), float(temperature),
+                          int(top_k), float(top_p), seed, frozenset(stop_ids))
+
+    def _plain_generate(self, prompt_ids, max_new_tokens, temperature, top_k, top_p, seed, stop_ids):
+        import time
+
+        if not prompt_ids:
+            raise EdgespecError("the prompt is empty; give at least one token of prompt text")
+        ll = self._ll
+        chain = ll.llama_sampler_chain_init(ll.llama_sampler_chain_default_params())
+        if temperature == 0:
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_greedy())
+        else:  # the order of edgespec.sampling: scale by 1/T, then top-k, then top-p over what is left
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_temp(temperature))
+            if top_k > 0:
+                ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_k(top_k))
+            if top_p < 1.0:
+                ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_top_p(top_p, 1))
+            ll.llama_sampler_chain_add(chain, ll.llama_sampler_init_dist(
+                ll.LLAMA_DEFAULT_SEED if seed is None else int(seed) % 2**32))
+        try:
+            t0 = time.perf_counter()
+            self._reset()
+            self._feed(prompt_ids[:-1], 0)
+            t1 = time.perf_counter()
+            tokens: list[int] = []
+            batch, token = self._batch, prompt_ids[-1]
+            batch.n_tokens, batch.n_seq_id[0], batch.seq_id[0][0], batch.logits[0] = 1, 1, 0, True
+            while len(tokens) < max_new_tokens and self._length < self.max_context:
+                batch.token[0], batch.pos[0] = token, self._length
+                rc = ll.llama_decode(self._ctx, batch)
+                if rc != 0:
+                    raise EdgespecError(f"llama.cpp could not decode a token at position {self._length} "
+                                        f"(llama_decode returned {rc})")
+                self._length += 1
+                token = int(ll.llama_sampler_sample(chain, self._ctx, -1))
+                tokens.append(token)
+                if token in stop_ids:
+                    break
+            return tokens, t1 - t0, time.perf_counter() - t1
+        finally:
+            ll.llama_sampler_free(chain)
+
     def close(self) -> None:
         runner_ = getattr(self, "_runner", None)
         if runner_ is not None and runner_.running:

@@ -36,7 +36,7 @@ config_for() {  # the [mutmut] section of setup.cfg for one group
         # not drafters/base.py: mutmut's trampolines add names to the Drafter Protocol's members, so no drafter
         # passes isinstance(..., Drafter) any more and the clean run fails (test_pieces); it holds no logic
         drafters) only="edgespec/drafters/__init__.py edgespec/drafters/guard.py edgespec/drafters/model.py edgespec/drafters/ngram.py"
-                  tests="tests/test_engine.py tests/test_overlap.py tests/test_pieces.py tests/test_early_stop.py tests/test_notices.py -k '$ENGINE_SLOW'" ;;
+                  tests="tests/test_engine.py tests/test_overlap.py tests/test_pieces.py tests/test_early_stop.py tests/test_notices.py tests/test_mutants.py tests/test_device_contract.py tests/test_properties.py -k '$ENGINE_SLOW'" ;;
         policy)   only="edgespec/policy.py edgespec/costmodel.py"
                   tests="tests/test_policy.py tests/test_costmodel.py" ;;
         *) echo "unknown group '$1': use rule, engine, drafters or policy" >&2; exit 2 ;;

@@ -175,7 +175,38 @@ def test_bench_puts_plain_llama_cpp_of_the_same_gguf_beside_every_run(tmp_path):
     configs = result.summary["configs"]
     assert {TARGET_ONLY, LLAMA_CPP, "ngram@3"} <= set(configs)
     assert configs[LLAMA_CPP]["overall"]["tokens"] > 0 and not result.summary["mismatches"]
+    assert configs[LLAMA_CPP]["overall"]["decode_tokens_per_s"] > 0
+    # llama.cpp's own greedy loop gives what our engine gives with no drafter (the same one-token steps)
+    runs = {r.config: r.token_ids for r in result.records}
+    assert runs[LLAMA_CPP] == runs[TARGET_ONLY]
     assert LLAMA_CPP in paths["md"].read_text()
+
+
+def test_plain_llama_cpp_decoding_is_what_our_engine_gives_alone_and_its_sampler_honours_the_settings(lm):
+    """The bench's anchor: llama.cpp's own loop and sampler chain. Greedy, it runs the same one-token steps as
+    our engine with no drafter, so the same tokens; sampling is seeded, top-k 1 or a tiny top-p is greedy again,
+    and it stops after an end token (kept) or at the budget."""
+    from edgespec.session import ChatSession  # (the tokenizer of the pair, for a real chat prompt)
+
+    rt = build_runtime(RuntimeSpec(pair="smollm2-135m", draft="none", target_backend="llamacpp", threads=2),
+                       progress=lambda _: None)
+    ids = ChatSession(rt.engine, rt.tokenizer).encode(MESSAGES[0])
+    eos = frozenset(rt.engine.eos_token_ids)
+    engine = SpeculativeEngine(ModelTarget(lm), None, eos_token_ids=eos)
+    ours = engine.run(ids, max_new_tokens=40, policy=FixedK(0)).token_ids
+    tokens, prefill_s, decode_s = lm.plain_generate(ids, 40, stop_ids=eos)
+    assert tokens == ours and prefill_s > 0 and decode_s > 0
+    assert tokens[-1] in eos or len(tokens) == 40
+    assert lm.length == len(ids) - 1 + len(tokens)  # the prompt and every token but the last one sampled
+    a = lm.plain_generate(ids, 24, temperature=1.5, seed=7, stop_ids=eos)[0]
+    assert a == lm.plain_generate(ids, 24, temperature=1.5, seed=7, stop_ids=eos)[0] and len(a) <= 24
+    others = [lm.plain_generate(ids, 24, temperature=1.5, seed=s, stop_ids=eos)[0] for s in (1, 2, 3)]
+    assert any(o != a for o in others)  # T = 1.5 over 24 tokens: seeds that all agree would mean no sampling
+    for narrow in ({"top_k": 1}, {"top_p": 1e-6}):
+        assert lm.plain_generate(ids, 40, temperature=1.5, seed=5, stop_ids=eos, **narrow)[0] == ours, narrow
+    assert lm.plain_generate(ids, 3, stop_ids=eos)[0] == ours[:3]
+    with pytest.raises(EdgespecError, match="empty"):
+        lm.plain_generate([], 3)
 
 
 def test_exact_mode_pads_short_steps_and_keeps_their_own_rows(gguf):
