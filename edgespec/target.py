@@ -146,7 +146,9 @@ class ModelTarget:
         checked: a float16 model whose activations overflow computes NaN and inf, and the rule would then emit
         nonsense without a word."""
         logits = self._cache.feed(tokens, len(tokens)).to("cpu", torch.float32)
-        total = float(logits.sum())  # one pass over the rows: a NaN or +inf anywhere makes the sum NaN or +inf
+        # one pass over the rows (numpy's: torch's wakes its thread pool once a token): a NaN or +inf anywhere
+        # makes the sum NaN or +inf
+        total = float(logits.detach().numpy().sum())
         if total != total or total == float("inf"):  # (-inf alone is a token a model rules out: allowed)
             raise EdgespecError(f"the target ({self.description}) computed logits that are not finite (inf or NaN): "
                                 f"its activations overflow in this precision; run it in another one, e.g. "

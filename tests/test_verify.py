@@ -163,3 +163,23 @@ def test_a_guess_is_kept_far_more_often_than_an_independent_draw_would_match_it(
     guesses = torch.multinomial(p.float(), 2000, replacement=True, generator=g).tolist()
     assert all(verify_sampling([0], one, target, g, guess=(x, p)).next_token == x for x in guesses)
     # (a fresh draw from p would have matched the guess with probability sum p^2 = 0.30)
+
+
+def test_a_draw_takes_the_token_whose_cumulative_weight_passes_the_uniform_and_never_one_of_zero_weight(monkeypatch):
+    """`_draw` inverts the CDF with one uniform from the generator: u = 0 gives the first token of positive weight,
+    a u that rounds up to the total the last one (zero-weight tokens around them are never drawn), and in between
+    the token whose cumulative weight first passes u x total."""
+    from edgespec import verify
+
+    dist = torch.tensor([0.0, 0.25, 0.0, 0.5, 0.25, 0.0], dtype=torch.float64)
+    for u, token in ((0.0, 1), (0.2499, 1), (0.25, 3), (0.74, 3), (0.75, 4), (1.0, 4)):
+        # u = 1.0 stands for a uniform just under 1 that rounds up to the total once scaled
+        monkeypatch.setattr(torch, "rand", lambda *a, u=u, **k: torch.tensor(u, dtype=k.get("dtype")))
+        assert verify._draw(dist, torch.Generator()) == token, u
+    monkeypatch.undo()
+    gen = torch.Generator().manual_seed(0)
+    counts = torch.zeros(6)
+    for _ in range(4000):
+        counts[verify._draw(dist * 3.0, gen)] += 1  # unnormalised weights are fine
+    assert counts[[0, 2, 5]].sum() == 0
+    assert torch.allclose(counts / counts.sum(), (dist / dist.sum()).float(), atol=0.03)
