@@ -203,3 +203,25 @@ def test_an_explicitly_named_unreadable_profile_is_a_one_line_message(tmp_path):
         assert "\n" not in str(err.value) and str(path) in str(err.value)
     with pytest.raises(EdgespecError):
         profiling.read_profile(tmp_path)  # a directory
+
+
+def test_where_no_drafter_pays_the_default_is_the_free_ngram_lookup_not_the_pairs_model_draft(tmp_path):
+    """A profile that chooses no drafter for a band: the pair's first drafter (a model, for SmolLM2 its INT8 copy)
+    would be loaded only to be probed, which cost 3-5% on the machine measured; the n-gram lookup is kept instead.
+    A chosen drafter, and a drafter the user names, are used as they are."""
+    from edgespec.runtime import RuntimeSpec, select_profile
+
+    data = good_profile()
+    data["choice"]["sampling"] = {"drafter": "none", "k": 0, "speedup": 1.0, "request_speedup": 1.0}
+    assert data["choice"]["greedy"]["drafter"] == "int8"
+    path = written(tmp_path, data)
+    for temperature, chosen in ((0.7, "ngram"), (0.0, "int8")):
+        spec = RuntimeSpec(pair="smollm2-135m")
+        assert select_profile(spec, str(path), temperature) is not None
+        assert spec.draft == chosen, temperature
+    spec = RuntimeSpec(pair="smollm2-135m", draft="int4")
+    select_profile(spec, str(path), 0.7)
+    assert spec.draft == "int4"
+    spec = RuntimeSpec(pair="smollm2-135m")
+    select_profile(spec, str(path), 0.7, choose_drafter=False)
+    assert spec.draft is None
