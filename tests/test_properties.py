@@ -344,3 +344,43 @@ def test_the_engine_is_token_identical_to_target_only_greedy(models, data, promp
         assert all(s.n_accepted == s.n_drafted for s in steps)
         if any(k > 0 for k in ks) and len(expected) >= 8:  # a round with K > 0 comes within the first 6
             assert sum(s.n_accepted for s in steps) > 0
+
+
+# ------------------------------------------------------------------ (c) the n-gram drafter's index, exactly
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), alphabet=st.integers(2, 6), prompt_len=st.integers(0, 40),
+       sizes=st.tuples(st.integers(1, 3), st.integers(0, 3)), weak=st.tuples(st.integers(0, 3), st.integers(0, 3)))
+def test_the_ngram_drafters_index_proposes_what_a_scan_of_the_context_finds(data, alphabet, prompt_len, sizes,
+                                                                          weak):
+    """The drafter's incremental index against `lookup`, the plain backwards scan, through begin (a new prompt,
+    or the same chat grown by a turn), proposals of every K, partial accepts and reset."""
+    from edgespec.drafters.ngram import NgramDrafter, lookup
+
+    min_n, extra = sizes
+    d = NgramDrafter(max_ngram=min_n + extra, min_ngram=min_n, weak_ngram=weak[0], weak_cap=weak[1])
+    tokens = st.integers(0, alphabet - 1)
+    ids = data.draw(st.lists(tokens, min_size=prompt_len, max_size=prompt_len), label="prompt")
+    d.begin(ids)
+    for _ in range(data.draw(st.integers(1, 30), label="rounds")):
+        action = data.draw(st.sampled_from(["round", "round", "round", "grow", "new", "reset"]), label="action")
+        if action == "grow":  # the next turn of a chat: the history so far and more
+            ids = ids + data.draw(st.lists(tokens, min_size=1, max_size=6), label="turn")
+            d.begin(ids)
+        elif action == "new":
+            ids = data.draw(st.lists(tokens, min_size=1, max_size=20), label="new prompt")
+            d.begin(ids)
+        elif action == "reset":
+            d.reset()
+            ids = data.draw(st.lists(tokens, min_size=1, max_size=20), label="after reset")
+            d.begin(ids)
+        else:
+            k = data.draw(st.integers(0, 8), label="k")
+            want = lookup(ids, k, max_ngram=min_n + extra, min_ngram=min_n, weak_ngram=weak[0],
+                          weak_cap=weak[1]) if k > 0 else []
+            got = d.propose(k, SamplingParams(), torch.Generator()).tokens
+            assert got == want, (ids, k)
+            n_accepted = data.draw(st.integers(0, len(got)), label="accepted")
+            nxt = data.draw(tokens, label="next")
+            d.commit(n_accepted, nxt)
+            ids = ids + got[:n_accepted] + [nxt]

@@ -35,13 +35,23 @@ class NgramDrafter(DrafterBase):
         self.description = f"n-gram prompt lookup (n={min_ngram}..{max_ngram})"
         self._ids: list[int] = []
         self._proposed: list[int] = []
+        # Where each n-gram (min_ngram <= n <= max_ngram) of `_ids` last started, over the starts registered so
+        # far (`_starts`: those whose n-gram ends before the last token, so a match always has a token after
+        # it). Scanning the context instead cost a proposal 80 us at 600 tokens and grew with every turn of a
+        # chat, paid each round while K = 0 (the engine consults a free drafter in the shadow).
+        self._last: dict[tuple[int, ...], int] = {}
+        self._starts = 0
 
     def begin(self, prompt_ids: list[int]) -> None:
-        self._ids = list(prompt_ids)
+        ids = list(prompt_ids)
+        if ids[:len(self._ids)] != self._ids:  # not a continuation of what is indexed (a new chat, an edit)
+            self._last, self._starts = {}, 0
+        self._ids = ids
         self._proposed = []
 
     def reset(self) -> None:
         self._ids, self._proposed = [], []
+        self._last, self._starts = {}, 0
 
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator, *, p_min: float = 0.0) -> Draft:
         # (`p_min` does not apply: a lookup has no confidence of its own; its stop is the match running out)
@@ -54,8 +64,21 @@ class NgramDrafter(DrafterBase):
         self._proposed = []
 
     def _lookup(self, k: int) -> list[int]:
-        return lookup(self._ids, k, max_ngram=self.max_ngram, min_ngram=self.min_ngram,
-                      weak_ngram=self.weak_ngram, weak_cap=self.weak_cap)
+        """`lookup(self._ids, k, ...)` (the same answer, tested), from the index in O(max_ngram)."""
+        ids, last = self._ids, self._last
+        n_ids = len(ids)
+        # register every start s of an n-gram that ends before the last token: s + n <= n_ids - 1
+        for end in range(self._starts, n_ids - 1):  # `end`: the index of the n-gram's last token
+            for n in range(self.min_ngram, min(self.max_ngram, end + 1) + 1):
+                last[tuple(ids[end - n + 1:end + 1])] = end - n + 1
+        self._starts = max(self._starts, n_ids - 1)
+        for n in range(min(self.max_ngram, n_ids - 1), self.min_ngram - 1, -1):
+            start = last.get(tuple(ids[n_ids - n:]))
+            if start is not None:
+                follow = ids[start + n:start + n + (min(k, self.weak_cap) if n <= self.weak_ngram else k)]
+                if follow:  # (empty only with a weak cap of 0: then a shorter match is looked for, as in `lookup`)
+                    return follow
+        return []
 
 
 def lookup(ids: list[int], k: int, *, max_ngram: int = 5, min_ngram: int = 1, weak_ngram: int = 0,
