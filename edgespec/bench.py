@@ -35,7 +35,7 @@ TARGET_ONLY = "target-only"
 # With --exact: the target alone with the exact target's numerics (short steps padded to its `min_rows`). It is
 # the reference of the greedy check; plain target-only (the fastest plain decoding) stays the speed baseline.
 TARGET_ONLY_EXACT = "target-only-exact"
-LLAMA_CPP = "llama.cpp"  # anchor: plain llama.cpp decoding of the same GGUF, same threads
+LLAMA_CPP = "llama.cpp"  # anchor: llama.cpp's own decoding loop and sampler on the same GGUF, same threads
 
 
 # ------------------------------------------------------------------------------------------- prompt set
