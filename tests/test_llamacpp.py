@@ -188,16 +188,12 @@ def test_bench_puts_plain_llama_cpp_of_the_same_gguf_beside_every_run(tmp_path):
     assert LLAMA_CPP in paths["md"].read_text()
 
 
-def test_plain_llama_cpp_decoding_is_what_our_engine_gives_alone_and_its_sampler_honours_the_settings(lm):
+def test_plain_llama_cpp_decoding_is_what_our_engine_gives_alone_and_its_sampler_honours_the_settings(lm, runtime):
     """The bench's anchor: llama.cpp's own loop and sampler chain. Greedy, it runs the same one-token steps as
     our engine with no drafter, so the same tokens; sampling is seeded, top-k 1 or a tiny top-p is greedy again,
-    and it stops after an end token (kept) or at the budget."""
-    from edgespec.session import ChatSession  # (the tokenizer of the pair, for a real chat prompt)
-
-    rt = build_runtime(RuntimeSpec(pair="smollm2-135m", draft="none", target_backend="llamacpp", threads=2),
-                       progress=lambda _: None)
-    ids = ChatSession(rt.engine, rt.tokenizer).encode(MESSAGES[0])
-    eos = frozenset(rt.engine.eos_token_ids)
+    and it stops after an end token (kept) or at the budget. (`runtime`: the pair's tokenizer and end ids only.)"""
+    ids = ChatSession(runtime.engine, runtime.tokenizer).encode(MESSAGES[0])
+    eos = frozenset(runtime.engine.eos_token_ids)
     engine = SpeculativeEngine(ModelTarget(lm), None, eos_token_ids=eos)
     ours = engine.run(ids, max_new_tokens=40, policy=FixedK(0)).token_ids
     tokens, prefill_s, decode_s = lm.plain_generate(ids, 40, stop_ids=eos)

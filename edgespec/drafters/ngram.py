@@ -35,23 +35,23 @@ class NgramDrafter(DrafterBase):
         self.description = f"n-gram prompt lookup (n={min_ngram}..{max_ngram})"
         self._ids: list[int] = []
         self._proposed: list[int] = []
-        # Where each n-gram (min_ngram <= n <= max_ngram) of `_ids` last started, over the starts registered so
-        # far (`_starts`: those whose n-gram ends before the last token, so a match always has a token after
-        # it). Scanning the context instead cost a proposal 80 us at 600 tokens and grew with every turn of a
-        # chat, paid each round while K = 0 (the engine consults a free drafter in the shadow).
+        # Where each n-gram (min_ngram <= n <= max_ngram) of `_ids` last started, over the n-grams that end before
+        # index `_indexed_to` (at most the last token's: a match then always has a token after it). Scanning the
+        # context instead cost a proposal 80 us at 600 tokens and grew with every turn of a chat, paid each round
+        # while K = 0 (the engine consults a free drafter in the shadow).
         self._last: dict[tuple[int, ...], int] = {}
-        self._starts = 0
+        self._indexed_to = 0
 
     def begin(self, prompt_ids: list[int]) -> None:
         ids = list(prompt_ids)
         if ids[:len(self._ids)] != self._ids:  # not a continuation of what is indexed (a new chat, an edit)
-            self._last, self._starts = {}, 0
+            self._last, self._indexed_to = {}, 0
         self._ids = ids
         self._proposed = []
 
     def reset(self) -> None:
         self._ids, self._proposed = [], []
-        self._last, self._starts = {}, 0
+        self._last, self._indexed_to = {}, 0
 
     def propose(self, k: int, params: SamplingParams, generator: torch.Generator, *, p_min: float = 0.0) -> Draft:
         # (`p_min` does not apply: a lookup has no confidence of its own; its stop is the match running out)
@@ -68,10 +68,10 @@ class NgramDrafter(DrafterBase):
         ids, last = self._ids, self._last
         n_ids = len(ids)
         # register every start s of an n-gram that ends before the last token: s + n <= n_ids - 1
-        for end in range(self._starts, n_ids - 1):  # `end`: the index of the n-gram's last token
+        for end in range(self._indexed_to, n_ids - 1):  # `end`: the index of the n-gram's last token
             for n in range(self.min_ngram, min(self.max_ngram, end + 1) + 1):
                 last[tuple(ids[end - n + 1:end + 1])] = end - n + 1
-        self._starts = max(self._starts, n_ids - 1)
+        self._indexed_to = max(self._indexed_to, n_ids - 1)
         for n in range(min(self.max_ngram, n_ids - 1), self.min_ngram - 1, -1):
             start = last.get(tuple(ids[n_ids - n:]))
             if start is not None:
