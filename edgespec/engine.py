@@ -107,8 +107,15 @@ class SpeculativeEngine:
         policy: KPolicy | None = None,
         stop: Callable[[list[int]], bool] | None = None,
     ) -> Iterator[Step]:
-        """Yield one `Step` per round until EOS, `max_new_tokens`, `stop(generated_ids)` or the context end."""
-        r = self._begin(prompt_ids, params, max_new_tokens, policy or FixedK(0), stop)
+        """Yield one `Step` per round until EOS, `max_new_tokens`, `stop(generated_ids)` or the context end.
+        A target whose steps must run on one thread of their own (`Target.runner`: llama.cpp's) runs the whole
+        loop there, a round ahead of the caller (`Runner.stream`), rather than handing it every step."""
+        rounds = self._rounds(prompt_ids, params, max_new_tokens, policy or FixedK(0), stop)
+        runner = getattr(self.target, "runner", None)
+        yield from rounds if runner is None else runner.stream(rounds)
+
+    def _rounds(self, prompt_ids, params, max_new_tokens, policy, stop) -> Iterator[Step]:
+        r = self._begin(prompt_ids, params, max_new_tokens, policy, stop)
         try:
             self._prefill(r)
             while True:

@@ -28,7 +28,9 @@ from .lm import CausalLM, TorchLM
 
 @runtime_checkable
 class Target(Protocol):
-    """What the engine verifies with. `verify` returns CPU float32 logits (the device contract above)."""
+    """What the engine verifies with. `verify` returns CPU float32 logits (the device contract above). A target
+    may also have a `runner` (`edgespec.llamacpp_lm.Runner`): the one thread its steps must run on, where the
+    engine then runs its whole loop."""
 
     vocab_size: int
     max_context: int
@@ -133,6 +135,11 @@ class ModelTarget:
     def min_rows(self) -> int:
         """Rows a short step runs as (more than 1 for an exact target: see `TorchLM`, `OnnxLM`, `exact_rows`)."""
         return self.lm.min_rows
+
+    @property
+    def runner(self):
+        """The one thread the backend's steps run on (`edgespec.llamacpp_lm.Runner`), or None: any thread."""
+        return getattr(self.lm, "runner", None)
 
     def reserve(self, total: int) -> None:
         """Tell the backend a request will hold `total` tokens (an exact torch target sizes its cache by it)."""

@@ -278,6 +278,45 @@ def test_every_step_of_a_several_thread_model_runs_on_one_long_lived_thread(gguf
     one.close()
 
 
+def test_the_engine_runs_its_rounds_on_the_runner_thread_ahead_of_the_caller(gguf, monkeypatch):
+    """A several-thread llama.cpp target's rounds (prefill, every step, the drafter's work) all run on its runner
+    thread, which streams the steps to the caller (`Runner.stream`) instead of being handed each step; the tokens
+    are those of the hand-off path, and stopping early leaves the engine ready for the next request."""
+    import threading
+
+    from edgespec import llamacpp_lm
+
+    lm = LlamaCppLM(gguf, n_ctx=512, threads=2)
+    rec = lm._ll = _Recording(lm._ll)
+    engine = SpeculativeEngine(ModelTarget(lm), NgramDrafter(), eos_token_ids=[2])
+    assert engine.target.runner is llamacpp_lm.runner()
+    prompt = [1, 504, 3458, 282, 4649, 314, 253, 1345, 30, 504, 3458, 282]
+    drafting = []
+    real_propose = engine._drafts.propose
+
+    def propose(*args):
+        drafting.append(threading.get_ident())
+        return real_propose(*args)
+
+    monkeypatch.setattr(engine._drafts, "propose", propose)
+    streamed = engine.run(prompt, max_new_tokens=24, policy=FixedK(2)).token_ids
+    runner = llamacpp_lm.runner()._thread.ident
+    assert len(streamed) == 24 and set(rec.threads) == set(drafting) == {runner} != {threading.get_ident()}
+
+    monkeypatch.setattr(ModelTarget, "runner", property(lambda self: None))  # the hand-off path: a call a step
+    engine.reset()
+    assert engine.run(prompt, max_new_tokens=24, policy=FixedK(2)).token_ids == streamed
+    monkeypatch.undo()
+
+    engine.reset()
+    steps = engine.generate(prompt, max_new_tokens=200, policy=FixedK(2))
+    next(steps)
+    steps.close()  # the runner stops after the round it is in: the next request finds it free
+    engine.reset()
+    assert engine.run(prompt, max_new_tokens=24, policy=FixedK(2)).token_ids == streamed
+    lm.close()
+
+
 def test_an_error_on_the_runner_thread_reaches_the_caller_and_the_model_stays_usable(gguf):
     class Failing(_Recording):
         def llama_decode(self, ctx, batch):
