@@ -277,6 +277,9 @@ class LlamaCppLM:
                                 f"memory?); ask for a shorter context")
         self._mem = llama_cpp.llama_get_memory(self._ctx)
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        for j in range(n_batch):  # one sequence: every slot's, once
+            self._batch.n_seq_id[j] = 1
+            self._batch.seq_id[j][0] = 0
         self.n_batch = n_batch
         self.vocab_size = int(llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self._model)))
         self.max_context = int(llama_cpp.llama_n_ctx(self._ctx))
@@ -339,18 +342,16 @@ class LlamaCppLM:
 
     def _feed(self, ids: list[int], logits_for: int) -> torch.Tensor:
         n = len(ids)
-        out = np.empty((logits_for, self.vocab_size), dtype=np.float32)
+        out = torch.empty((logits_for, self.vocab_size), dtype=torch.float32)
         first_out, got = n - logits_for, 0
-        batch = self._batch
+        batch, row_bytes = self._batch, self.vocab_size * 4
         for start in range(0, n, self.n_batch):
             chunk = ids[start:start + self.n_batch]
             batch.n_tokens = len(chunk)
             flagged = 0
-            for j, token in enumerate(chunk):
+            for j, token in enumerate(chunk):  # (every slot's sequence is 0, set once in __init__)
                 batch.token[j] = int(token)
                 batch.pos[j] = self._length + j
-                batch.n_seq_id[j] = 1
-                batch.seq_id[j][0] = 0
                 want = start + j >= first_out
                 batch.logits[j] = want
                 flagged += want
@@ -361,11 +362,11 @@ class LlamaCppLM:
                 raise EdgespecError(f"llama.cpp could not decode {len(chunk)} tokens at position {self._length} "
                                     f"(llama_decode returned {rc}); the context may be too small")
             self._length += len(chunk)
-            if flagged:
-                rows = np.ctypeslib.as_array(self._ll.llama_get_logits(self._ctx), shape=(flagged, self.vocab_size))
-                out[got:got + flagged] = rows  # copied: the next decode overwrites llama.cpp's buffer
+            if flagged:  # copied: the next decode overwrites llama.cpp's buffer
+                ctypes.memmove(out.data_ptr() + got * row_bytes, self._ll.llama_get_logits(self._ctx),
+                               flagged * row_bytes)
                 got += flagged
-        return torch.from_numpy(out)
+        return out
 
     def plain_generate(self, prompt_ids: list[int], max_new_tokens: int, *, temperature: float = 0.0,
                        top_k: int = 0, top_p: float = 1.0, seed: int | None = None,

@@ -152,10 +152,12 @@ class ModelTarget:
         """The backend's logits, on the CPU in float32 (a no-op for a CPU backend; one copy a round on a GPU),
         checked: a float16 model whose activations overflow computes NaN and inf, and the rule would then emit
         nonsense without a word."""
-        logits = self._cache.feed(tokens, len(tokens)).to("cpu", torch.float32)
+        logits = self._cache.feed(tokens, len(tokens))
+        if type(logits) is not torch.Tensor or logits.dtype != torch.float32 or logits.device.type != "cpu":
+            logits = logits.to("cpu", torch.float32)
         # one pass over the rows (numpy's: torch's wakes its thread pool once a token): a NaN or +inf anywhere
         # makes the sum NaN or +inf
-        total = float(logits.detach().numpy().sum())
+        total = float((logits.detach() if logits.requires_grad else logits).numpy().sum())
         if total != total or total == float("inf"):  # (-inf alone is a token a model rules out: allowed)
             raise EdgespecError(f"the target ({self.description}) computed logits that are not finite (inf or NaN): "
                                 f"its activations overflow in this precision; run it in another one, e.g. "
