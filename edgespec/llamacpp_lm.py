@@ -30,7 +30,6 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from .errors import EdgespecError

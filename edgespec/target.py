@@ -102,6 +102,17 @@ class CachedPrefix:
         del self.ids[length:]
 
 
+def check_finite(value: float, description: str) -> None:
+    """An error unless `value` is finite or -inf: `value` is a number the rule read off the target's rows that is
+    NaN or +inf whenever any of them holds NaN or +inf (greedy: the sum of each row's maximum; sampling: the sum of
+    the rows). A float16 model whose activations overflow computes NaN and inf, and the rule would then emit
+    nonsense without a word. (-inf alone is a token a model rules out: allowed.)"""
+    if value != value or value == float("inf"):
+        raise EdgespecError(f"the target ({description}) computed logits that are not finite (inf or NaN): "
+                            f"its activations overflow in this precision; run it in another one, e.g. "
+                            f"--dtype bfloat16 or --dtype float32")
+
+
 def synchronizer(device: torch.device | str) -> Callable[[], None]:
     """What waits for `device`'s queued work: `torch.cuda.synchronize` on a CUDA device, nothing elsewhere (a CPU
     backend, and ONNX Runtime, whose `run` returns when its outputs are ready)."""
@@ -149,19 +160,11 @@ class ModelTarget:
         self._cache.sync(ids)
 
     def verify(self, tokens: list[int]) -> torch.Tensor:
-        """The backend's logits, on the CPU in float32 (a no-op for a CPU backend; one copy a round on a GPU),
-        checked: a float16 model whose activations overflow computes NaN and inf, and the rule would then emit
-        nonsense without a word."""
+        """The backend's logits, on the CPU in float32 (a no-op for a CPU backend; one copy a round on a GPU).
+        The rule checks they are finite where it reads them (`check_finite`)."""
         logits = self._cache.feed(tokens, len(tokens))
         if type(logits) is not torch.Tensor or logits.dtype != torch.float32 or logits.device.type != "cpu":
             logits = logits.to("cpu", torch.float32)
-        # one pass over the rows (numpy's: torch's wakes its thread pool once a token): a NaN or +inf anywhere
-        # makes the sum NaN or +inf
-        total = float((logits.detach() if logits.requires_grad else logits).numpy().sum())
-        if total != total or total == float("inf"):  # (-inf alone is a token a model rules out: allowed)
-            raise EdgespecError(f"the target ({self.description}) computed logits that are not finite (inf or NaN): "
-                                f"its activations overflow in this precision; run it in another one, e.g. "
-                                f"--dtype bfloat16 or --dtype float32")
         return logits
 
     def rollback(self, length: int) -> None:

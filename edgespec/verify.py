@@ -33,8 +33,12 @@ def verify_greedy(draft_tokens: list[int], target_logits: torch.Tensor) -> Verdi
     # numpy's argmax on the CPU rows (the device contract): torch's takes ~20x longer on one row of a 49k
     # vocabulary, and wakes its thread pool beside the model's own once a token. Ties and NaN: the first, in both.
     # (.float() and .cpu() return the tensor itself when it is already float32 on the CPU)
-    choice = target_logits.detach().float().cpu().numpy().argmax(-1).tolist()
-    n = 0
+    return accept_greedy(draft_tokens, target_logits.detach().float().cpu().numpy().argmax(-1).tolist())
+
+
+def accept_greedy(draft_tokens: list[int], choice: list[int]) -> Verdict:
+    """The greedy rule on the target's argmax of each row (`choice`, K+1 of them)."""
+    n, k = 0, len(draft_tokens)
     while n < k and draft_tokens[n] == choice[n]:
         n += 1
     return Verdict(n, choice[n])

@@ -153,12 +153,16 @@ def test_an_onnx_models_need_comes_from_its_export(tmp_path, monkeypatch):
     assert need.parts == {"weights": files, "KV cache at 400 tokens": kv, "ONNX Runtime arena": budget.ORT_ARENA_MIN}
 
 
-def test_logits_that_overflow_are_an_error_naming_dtype():
-    """A real float16 overflow: a tiny model whose activations pass float16's 65504 computes inf and NaN."""
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_logits_that_overflow_are_an_error_naming_dtype(temperature):
+    """A real float16 overflow: a tiny model whose activations pass float16's 65504 computes inf and NaN. The
+    rule finds it greedy (in its argmax) and sampling."""
+    from edgespec.sampling import SamplingParams
+
     model = tiny_llama(vocab_size=96, seed=0, hidden=64).half()
     with torch.no_grad():
         model.model.layers[0].mlp.down_proj.weight.mul_(1e4)
     engine = SpeculativeEngine(ModelTarget(TorchLM(model, name="target")))
     with pytest.raises(EdgespecError, match=r"not finite .*--dtype bfloat16 or --dtype float32") as err:
-        engine.run([1, 5, 9, 3], max_new_tokens=4)
+        engine.run([1, 5, 9, 3], max_new_tokens=4, params=SamplingParams(temperature=temperature, seed=0))
     assert "torch cpu float16" in str(err.value) and "\n" not in str(err.value)

@@ -183,3 +183,24 @@ def test_a_draw_takes_the_token_whose_cumulative_weight_passes_the_uniform_and_n
         counts[verify._draw(dist * 3.0, gen)] += 1  # unnormalised weights are fine
     assert counts[[0, 2, 5]].sum() == 0
     assert torch.allclose(counts / counts.sum(), (dist / dist.sum()).float(), atol=0.03)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+@pytest.mark.parametrize("temperature", [0.0, 0.7])
+def test_the_rule_refuses_target_rows_with_nan_or_plus_inf_anywhere_and_allows_minus_inf(bad, temperature):
+    """One NaN or +inf in any row, at any place (not only where the argmax is), is the target's error; -inf is a
+    token the model rules out."""
+    from edgespec.engine import judge
+    from edgespec.errors import EdgespecError
+    from edgespec.drafters.base import Draft
+    from edgespec.sampling import SamplingParams
+
+    params = SamplingParams(temperature=temperature)
+    for row, col in [(0, 0), (1, 7), (2, 95)]:
+        logits = torch.randn(3, 96)
+        logits[row, col] = bad
+        with pytest.raises(EdgespecError, match=r"the target \(torch x\) computed logits that are not finite"):
+            judge(Draft([3, 4]), logits, params, torch.Generator().manual_seed(0), target="torch x")
+    logits = torch.randn(3, 96)
+    logits[1, 5] = float("-inf")
+    judge(Draft([3, 4]), logits, params, torch.Generator().manual_seed(0), target="torch x")
