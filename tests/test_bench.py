@@ -242,7 +242,7 @@ def test_quick_run_flags_injected_greedy_mismatch(tiny_checkpoints, tmp_path, ca
     from edgespec.verify import Verdict
 
     # A broken rule that accepts every draft: speculative outputs now differ from target-only.
-    monkeypatch.setattr(engine_mod, "verify_greedy", lambda draft, logits: Verdict(len(draft), int(logits[-1].argmax())))
+    monkeypatch.setattr(engine_mod, "accept_greedy", lambda draft, choice: Verdict(len(draft), choice[-1]))
     assert main(quick_args(tiny_checkpoints, tmp_path) + ["--no-anchors"]) == 1
     out = capsys.readouterr().out
     assert "GREEDY MISMATCHES" in out and "first difference at generated token" in out
