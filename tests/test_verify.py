@@ -185,6 +185,37 @@ def test_a_draw_takes_the_token_whose_cumulative_weight_passes_the_uniform_and_n
     assert torch.allclose(counts / counts.sum(), (dist / dist.sum()).float(), atol=0.03)
 
 
+@pytest.mark.parametrize("vocab", [49152, 151936, 8 * 256 + 1])  # whole blocks; a tail block; a one-token tail
+def test_the_two_level_draw_takes_the_token_the_flat_inverse_cdf_takes(monkeypatch, vocab):
+    """Over a large vocabulary `_draw` finds the block, then the token in it. With integer weights every sum is
+    exact, so for any uniform it must take exactly the token of the flat inverse CDF: zero-weight tokens and
+    whole zero-weight blocks never, the first token of positive weight at u = 0, the last at a u that rounds up
+    to the total (1.0 here)."""
+    from edgespec import verify
+
+    gen = torch.Generator().manual_seed(vocab)
+    dist = torch.randint(0, 4, (vocab,), generator=gen).double()
+    dist[: 3 * 256] = 0  # leading empty blocks
+    dist[5 * 256: 7 * 256] = 0  # empty blocks in the middle
+    dist[-300:] = 0  # trailing zeros across a block boundary
+    cdf = torch.cumsum(dist, 0)
+    total = float(cdf[-1])
+
+    def flat(u):
+        i = int(torch.searchsorted(cdf, u * total, right=True))
+        return i if i < vocab else int(torch.nonzero(dist > 0)[-1])
+
+    boundaries = [float(cdf[j]) / total for j in range(0, vocab, 97)]  # u landing exactly on running sums
+    uniforms = [0.0, 1.0, *boundaries, *torch.rand(2000, generator=gen, dtype=torch.float64).tolist()]
+    for u in uniforms:
+        monkeypatch.setattr(torch, "rand", lambda *a, u=u, **k: torch.tensor(u, dtype=k.get("dtype")))
+        token = verify._draw(dist, torch.Generator())
+        assert token == flat(u), u
+        assert dist[token] > 0
+    monkeypatch.undo()
+    assert verify._draw(dist.float(), torch.Generator().manual_seed(1)) in range(vocab)  # float32 weights too
+
+
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_the_rule_refuses_target_rows_with_nan_or_plus_inf_anywhere_and_allows_minus_inf(bad, temperature):
