@@ -16,6 +16,7 @@ import datetime
 import io
 import math
 import os
+import tempfile
 from unittest import mock
 
 import pytest
@@ -47,15 +48,22 @@ class _NoApp:
         raise _Reached()
 
 
+# The cache fuzzed commands see: `edgespec models --clean` and `--remove smollm2-135m` run to their end, and
+# against the user's cache (shared with the other tests) they deleted every model in it, the suite's SmolLM2
+# conversions included (rebuilt minutes later by the next test that needed them).
+_FUZZ_CACHE = tempfile.mkdtemp(prefix="edgespec-fuzz-cache-")
+
+
 @contextlib.contextmanager
 def no_models():
     """Every seam where a run starts resolving, converting or loading a model (or the chat UI starts) raises
-    `_Reached`: checks before it still run, nothing after it does."""
+    `_Reached`: checks before it still run, nothing after it does. The cache is a scratch one."""
     import tui.app
 
     from edgespec import loading, runtime
 
     with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.dict(os.environ, {"EDGESPEC_CACHE": _FUZZ_CACHE}))
         for owner, name in ((runtime, "_model_dir"), (runtime, "_build_lm"), (loading, "load_tokenizer"), (loading, "load_causal_lm"), (models, "resolve"),
                             (models, "download_wheel")):
             stack.enter_context(mock.patch.object(owner, name, _reached))
@@ -164,6 +172,21 @@ def run_main(argv):
         except _Reached:
             return ("reached", None), err.getvalue()
     return ("exit", code), err.getvalue()
+
+
+def test_a_fuzzed_command_line_never_touches_the_users_cache(tmp_path, monkeypatch):
+    """`models --clean` and `--remove` run to their end in the fuzz: on a scratch cache, not the user's."""
+    import json
+
+    users = tmp_path / "users-cache"
+    model = users / "models" / "0123456789abcdef-mine.gguf"
+    model.parent.mkdir(parents=True)
+    model.write_bytes(b"GGUF")
+    model.with_name(model.name + ".verified").write_text(json.dumps({"origin": "downloaded", "sha256": "00"}))
+    monkeypatch.setenv("EDGESPEC_CACHE", str(users))
+    assert run_main(["models", "--clean"])[0] == ("exit", 0)
+    assert run_main(["models", "--remove", model.name])[0][0] == "exit"  # (not in the scratch cache: exit 2)
+    assert model.read_bytes() == b"GGUF"
 
 
 def test_the_model_build_is_really_replaced():
