@@ -22,6 +22,7 @@ from .drafters.base import Draft, Drafter
 from .drafters.guard import GuardedDrafter
 from .drafters.ngram import lookup
 from .errors import EdgespecError
+from .lm import EXACT_CHECKED_ROWS
 from .metrics import SpecMetrics
 from .policy import MAX_K, FixedK, KPolicy, ShadowProbe
 from .sampling import SamplingParams, probs_from_logits
@@ -231,6 +232,8 @@ class SpeculativeEngine:
         if not self._drafting():
             return 0
         k = r.policy.next_k(remaining=remaining, lag=self._drafts.lag)
+        if self.target.min_rows > 1:  # an exact target: no step of more rows than `exact_rows` checked
+            k = min(k, EXACT_CHECKED_ROWS - 1)
         return max(min(k, MAX_K, remaining - 1, room - 1), 0)
 
     def reset(self) -> None:

@@ -154,3 +154,19 @@ def test_exact_cache_outgrown_is_refilled_at_a_longer_length():
     torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
     # the rows fed after the refill were computed against the same cache length as the fresh one's
     assert grown._static_len == fresh._static_len
+
+
+def test_an_exact_target_never_runs_a_step_of_more_rows_than_exact_rows_checked():
+    """Past `EXACT_CHECKED_ROWS` rows a step may take other kernels (Qwen 1.5B Q4_K_M on llama.cpp did at 9 and
+    10 rows), so K stays below it on an exact target, whatever the policy asks; a plain target keeps K = 8."""
+    from edgespec.drafters import TorchDrafter
+    from edgespec.engine import SpeculativeEngine
+    from edgespec.lm import EXACT_CHECKED_ROWS
+    from edgespec.target import ModelTarget
+
+    model = tiny_llama(vocab_size=32, seed=3, max_pos=256)
+    for min_rows, most in ((EXACT_CHECKED_ROWS, EXACT_CHECKED_ROWS - 1), (1, 8)):
+        target = ModelTarget(TorchLM(model, min_rows=min_rows))
+        engine = SpeculativeEngine(target, TorchDrafter(model))  # the same model drafts: every draft accepted
+        steps = list(engine.generate([5, 6, 7, 8], max_new_tokens=40, policy=FixedK(8)))
+        assert max(s.n_drafted for s in steps) == most, min_rows
