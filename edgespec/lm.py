@@ -219,7 +219,7 @@ def exact_rows(lm, counts: tuple[int, ...] = EXACT_ROW_COUNTS) -> int | None:
         lm.feed(prompt, 0)
         whole = lm.feed(tokens, len(tokens))
         lm.crop(len(prompt))
-        parts = [lm.feed(tokens[i:j], j - i) for i, j in ((0, 1), (1, 2), (2, 3), (3, 5), (5, 8))]
+        parts = [lm.feed(tokens[i:j], j - i) for i, j in ((0, 1), (1, 2), (2, 3), (3, 5), (5, len(tokens)))]
         if torch.equal(torch.cat(parts), whole):
             found = count
             break

@@ -123,17 +123,13 @@ def _draw(dist: torch.Tensor, generator: torch.Generator) -> int:
     with one uniform from `generator`: the inverse of its cumulative sum, taken in float64. A token of zero weight
     is never drawn: its cumulative sum equals the one before it.
 
-    In two levels over a large vocabulary: the sums of blocks of `DRAW_BLOCK` tokens (a vectorised pass), the
-    block whose cumulative sum passes u x total, then the token inside it. A flat cumulative sum runs serially
-    over every token: 57 us over SmolLM2's 49,152, 180 us over Qwen's 151,936 on an EPYC core (`torch.multinomial`
-    took 1.27 ms); two levels take a fraction of that. The same distribution, and the same token for the same
+    In two levels: the sums of blocks of `DRAW_BLOCK` tokens (a vectorised pass), the block whose cumulative sum
+    passes u x total, then the token inside it. A flat cumulative sum runs serially over every token: 57 us over
+    SmolLM2's 49,152, 180 us over Qwen's 151,936 on an EPYC core (`torch.multinomial` took 1.27 ms); two levels
+    take a fraction of that. The same distribution, and the same token for the same
     uniform wherever the sums are exact (tests/test_verify.py); elsewhere they differ only by rounding."""
     n = dist.shape[0]
     u = torch.rand((), generator=generator, dtype=torch.float64).item()
-    if n <= 4 * DRAW_BLOCK:
-        cdf = torch.cumsum(dist, 0, dtype=torch.float64).numpy()
-        i = int(np.searchsorted(cdf, u * cdf[-1], side="right"))
-        return i if i < n else _last_positive(dist, 0, n)
     whole = n - n % DRAW_BLOCK
     sums = dist[:whole].reshape(-1, DRAW_BLOCK).sum(1, dtype=torch.float64)
     if whole < n:
